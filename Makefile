@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine (no root needed):
+#   make demo   - create .venv, install, run the main job
+#   make test   - create .venv, install everything (all extras + dev), run the whole suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BASE_STAMP := $(VENV)/.stamp-base
+ALL_STAMP  := $(VENV)/.stamp-all
+
+.PHONY: demo test lint typecheck bench-hotpath clean
+
+$(PY):
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "loop-governor needs Python >= 3.10"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(BASE_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[langchain,crewai]'
+	@touch $@
+
+$(ALL_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[all,dev]'
+	@touch $@ $(BASE_STAMP)
+
+demo: $(BASE_STAMP)
+	$(VENV)/bin/loop-governor demo
+
+test: $(ALL_STAMP)
+	$(PY) -m pytest
+
+lint: $(ALL_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+bench-hotpath: $(ALL_STAMP)
+	$(PY) benchmarks/hotpath.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,1 @@
+"""CrewAI adapter for loop-governor (see the crewai adapter issue)."""

@@ -1,0 +1,1 @@
+"""LangChain adapter for loop-governor (see the langchain adapter issue)."""

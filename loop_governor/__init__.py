@@ -1,0 +1,54 @@
+"""loop-governor: reliable agent loops.
+
+Tool failures become typed signals (transient / permanent / fatal) with retries, backoff,
+a task retry budget and circuit breakers; see :class:`Governor`.
+"""
+
+from loop_governor.classify import ErrorInfo, Rule, classify, normalize_message
+from loop_governor.config import GovernorConfig, ToolPolicy
+from loop_governor.errors import (
+    AgentToolError,
+    BudgetExhaustedError,
+    CircuitOpenError,
+    ErrorType,
+    FatalError,
+    GovernedError,
+    LoopDetectedError,
+    PermanentError,
+    TransientError,
+)
+from loop_governor.governor import (
+    Governor,
+    TaskScope,
+    call_key,
+    default_governor,
+    set_default_governor,
+)
+from loop_governor.redaction import redact
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentToolError",
+    "BudgetExhaustedError",
+    "CircuitOpenError",
+    "ErrorInfo",
+    "ErrorType",
+    "FatalError",
+    "GovernedError",
+    "Governor",
+    "GovernorConfig",
+    "LoopDetectedError",
+    "PermanentError",
+    "Rule",
+    "TaskScope",
+    "ToolPolicy",
+    "TransientError",
+    "__version__",
+    "call_key",
+    "classify",
+    "default_governor",
+    "normalize_message",
+    "redact",
+    "set_default_governor",
+]

@@ -1,0 +1,761 @@
+"""Turn any exception into a decision: transient, permanent or fatal.
+
+Agent tools raise whatever their SDK raises: ``openai.RateLimitError``, botocore's
+``ClientError``, a grpc ``_InactiveRpcError``, a ``RuntimeError`` wrapping an
+``httpx.ConnectError``, an ``ExceptionGroup`` from a TaskGroup. No library normalizes
+these across SDKs without importing them, so this module reads them structurally
+(attributes, class names, status codes, provider error codes, headers, message text)
+and never imports an SDK.
+
+Evidence is ranked; the strongest piece anywhere in the exception chain wins:
+
+1. user rules (``Rule``) -- the operator knows their tools best;
+2. provider error codes and billing/credential signals (``insufficient_quota`` is fatal
+   even when it arrives as a 429);
+3. HTTP status, gRPC status, SQLSTATE, botocore error codes;
+4. specific exception classes and errno values (timeouts, refused connections, files);
+5. message patterns;
+6. generic builtins (``ValueError``, ``KeyError``...) -- permanent, but a weak witness
+   when they merely wrap a more specific cause.
+
+Nothing here raises: every probe of a foreign object is guarded, and the worst case is
+the configured ``unknown`` class.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import json
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from loop_governor.errors import SEVERITY, ErrorType, truncate
+from loop_governor.redaction import redact
+
+__all__ = ["ErrorInfo", "Rule", "classify", "normalize_message"]
+
+_T, _P, _F = ErrorType.TRANSIENT, ErrorType.PERMANENT, ErrorType.FATAL
+
+# Evidence strengths (higher wins).
+_S_RULE, _S_PROVIDER, _S_STATUS, _S_TYPE, _S_TEXT_STATUS, _S_MESSAGE, _S_GENERIC = 7, 6, 5, 4, 3, 2, 1
+
+_MAX_LINKS = 32
+_MAX_TEXT = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """The classifier's verdict on one exception."""
+
+    error_type: ErrorType
+    retryable: bool
+    status: int | None = None
+    code: str | None = None
+    signature: str = ""
+    retry_after: float | None = None
+    message: str = ""
+    exception_type: str = ""
+    evidence: str = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A user classification rule; any rule that matches beats every built-in heuristic.
+
+    All given conditions must hold: ``exc_type`` (class or tuple, isinstance),
+    ``status`` (int or collection of ints), ``code`` (provider/gRPC code, case-insensitive),
+    ``pattern`` (regex searched in the message), ``predicate`` (callable on the exception).
+    """
+
+    error_type: ErrorType | str
+    exc_type: type[BaseException] | tuple[type[BaseException], ...] | None = None
+    status: int | Iterable[int] | None = None
+    code: str | None = None
+    pattern: str | re.Pattern[str] | None = None
+    predicate: Callable[[BaseException], bool] | None = None
+    _regex: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "error_type", ErrorType(self.error_type))
+        if self.pattern is not None:
+            regex = self.pattern if isinstance(self.pattern, re.Pattern) else re.compile(self.pattern, re.I)
+            object.__setattr__(self, "_regex", regex)
+        if self.status is not None and not isinstance(self.status, int):
+            object.__setattr__(self, "status", frozenset(self.status))
+
+    def matches(self, exc: BaseException, status: int | None, codes: Sequence[str], text: str) -> bool:
+        if self.exc_type is not None and not isinstance(exc, self.exc_type):
+            return False
+        if self.status is not None:
+            if isinstance(self.status, int):
+                if status != self.status:
+                    return False
+            elif status not in self.status:  # type: ignore[operator]
+                return False
+        if self.code is not None and self.code.lower() not in {c.lower() for c in codes}:
+            return False
+        if self._regex is not None and not self._regex.search(text):
+            return False
+        return self.predicate is None or bool(self.predicate(exc))
+
+
+# --- tables ----------------------------------------------------------------------------
+
+# Billing, quota and credential signals: fatal whatever status they arrive with.
+_FATAL_TEXT = re.compile(
+    r"insufficient[_ ]quota|billing[_ ]hard[_ ]limit|billing_not_active|exceeded your current quota"
+    r"|check your plan and billing|credit balance (?:is )?too low|insufficient[_ ](?:credits?|funds|balance)"
+    r"|out of credits|payment required|account[_ ](?:is |has been )?(?:suspended|deactivated|disabled)"
+    r"|account_deactivated|access_terminated|organization (?:has been |is )?(?:suspended|disabled|deactivated)"
+    r"|invalid[_ ]api[_ ]key|incorrect api key|api[_ ]key (?:is )?(?:invalid|expired|revoked|not valid|missing)"
+    r"|invalid x-api-key|invalid_authentication|expired[_ ]?token|token (?:has )?expired"
+    r"|security token included in the request is (?:invalid|expired)|invalidclienttokenid"
+    r"|unrecognizedclientexception|signaturedoesnotmatch|password authentication failed"
+    r"|\bwrongpass\b|\bnoauth\b|authentication required|no api key provided|quota (?:exceeded|exhausted)"
+    r"(?!.{0,80}\bper\s+(?:second|minute|hour))|exceeded (?:the |your )?quota(?!.{0,80}\bper\s+(?:second|minute|hour))",
+    re.I | re.S,
+)
+
+# Provider / service error codes (lower-cased), as found in ``.code``, ``.type``, bodies,
+# botocore ``Error.Code``, gRPC status names and redis reply prefixes.
+_CODES: dict[str, ErrorType] = {}
+for _names, _kind in (
+    (
+        "rate_limit_exceeded rate_limit_error ratelimitexceeded ratelimited rate_limited overloaded_error "
+        "overloaded server_error api_error internal_error internalerror internalfailure internalservererror "
+        "internal_server_error serviceunavailable serviceunavailableexception service_unavailable "
+        "throttling throttlingexception throttled toomanyrequestsexception too_many_requests "
+        "requestlimitexceeded slowdown provisionedthroughputexceededexception requesttimeout "
+        "requesttimeoutexception timeout priorrequestnotcomplete bandwidthlimitexceeded "
+        "ec2throttledexception limitexceededexception requestthrottled requestthrottledexception "
+        "unavailable deadline_exceeded resource_exhausted aborted internal cancelled "
+        "loading busy tryagain masterdown clusterdown readonly transactionconflictexception "
+        "temporarily_unavailable engine_overloaded",
+        _T,
+    ),
+    (
+        "insufficient_quota billing_hard_limit_reached billing_not_active account_deactivated "
+        "access_terminated invalid_api_key invalid_authentication authentication_error expiredtoken "
+        "expiredtokenexception invalidclienttokenid unrecognizedclientexception signaturedoesnotmatch "
+        "invalidsignatureexception authfailure missingauthenticationtoken "
+        "missingauthenticationtokenexception notauthorizedexception optinrequired accountproblem "
+        "unauthenticated noauth wrongpass invalidaccesskeyid incompletesignature "
+        "credit_balance_too_low payment_required",
+        _F,
+    ),
+    (
+        "invalid_request_error not_found_error not_found invalid_argument invalid_parameter "
+        "context_length_exceeded model_not_found validationexception validationerror "
+        "resourcenotfoundexception nosuchkey nosuchbucket nosuchentity notfound accessdenied "
+        "accessdeniedexception forbidden permission_error permission_denied invalidparametervalue "
+        "invalidparametervalueexception invalidparameterexception invalidrequestexception "
+        "conditionalcheckfailedexception conflictexception resourceinuseexception badrequest "
+        "badrequestexception already_exists failed_precondition out_of_range unimplemented data_loss "
+        "wrongtype noscript execabort noperm unsupported_country_region_territory "
+        "invalidinput malformedpolicydocument entitytoolarge invalid_prompt",
+        _P,
+    ),
+):
+    for _name in _names.split():
+        _CODES[_name] = _kind
+
+# Exception class names (lower-cased, checked along the MRO, most specific first).
+_TYPES: dict[str, ErrorType] = {}
+for _names, _kind in (
+    (
+        "timeouterror timeout readtimeout connecttimeout writetimeout pooltimeout timeoutexception "
+        "apitimeouterror servertimeouterror readtimeouterror connecttimeouterror sockettimeouterror "
+        "connectionrefusederror connectionreseterror connectionabortederror brokenpipeerror "
+        "apiconnectionerror connecterror networkerror remoteprotocolerror readerror writeerror "
+        "protocolerror newconnectionerror maxretryerror serverdisconnectederror clientconnectorerror "
+        "clientconnectionerror clientoserror serverconnectionerror clientpayloaderror "
+        "endpointconnectionerror connectionclosederror incompleteread remotedisconnected "
+        "chunkedencodingerror deadlineexceeded serviceunavailable toomanyrequests internalservererror "
+        "badgateway gatewaytimeout ratelimiterror overloadederror busyloadingerror tryagainerror "
+        "clusterdownerror masterdownerror connectionerror cancellederror aborted resourceexhausted "
+        "internalservererror serviceunavailableerror retryerror",
+        _T,
+    ),
+    (
+        "authenticationerror authenticationrequirederror nocredentialserror partialcredentialserror "
+        "credentialretrievalerror unauthorizedssotokenerror tokenretrievalerror unauthenticated "
+        "unauthorized noregionerror memoryerror keyboardinterrupt systemexit paymentrequired",
+        _F,
+    ),
+    (
+        "filenotfounderror isadirectoryerror notadirectoryerror fileexistserror permissionerror "
+        "jsondecodeerror decodeerror unicodeerror unicodedecodeerror unicodeencodeerror validationerror "
+        "paramvalidationerror notfounderror notfound badrequesterror badrequest unprocessableentityerror "
+        "conflicterror invalidargument failedprecondition alreadyexists outofrange methodnotimplemented "
+        "permissiondeniederror permissiondenied forbidden integrityerror programmingerror dataerror "
+        "notsupportederror noresultfound multipleresultsfound argumenterror invalidurl missingschema "
+        "invalidschema unsupportedprotocol toomanyredirects localprotocolerror invalidheader "
+        "contenttypeerror zerodivisionerror notimplementederror recursionerror unimplemented "
+        "certificateerror sslcertverificationerror invalidjsonerror urlrequired noresulterror "
+        "responseerror",
+        _P,
+    ),
+):
+    for _name in _names.split():
+        _TYPES[_name] = _kind
+
+# Generic builtins: permanent, but a weak witness (they often wrap the real cause).
+_GENERIC_PERMANENT = frozenset(
+    "valueerror typeerror keyerror indexerror lookuperror attributeerror assertionerror operationalerror".split()
+)
+_GENERIC_TRANSIENT = frozenset({"operationalerror"})
+
+_ERRNO: dict[int, ErrorType] = {}
+for _names, _kind in (
+    (
+        "ECONNREFUSED ECONNRESET ECONNABORTED ETIMEDOUT EHOSTUNREACH ENETUNREACH ENETDOWN EPIPE "
+        "EAGAIN EINTR EMFILE ENFILE EBUSY EADDRNOTAVAIL EHOSTDOWN",
+        _T,
+    ),
+    ("ENOENT EACCES EPERM EISDIR ENOTDIR EEXIST EINVAL ENOTEMPTY EROFS ENAMETOOLONG ELOOP", _P),
+    ("ENOSPC EDQUOT", _F),
+):
+    for _name in _names.split():
+        if hasattr(_errno, _name):
+            _ERRNO[getattr(_errno, _name)] = _kind
+
+_GAI: dict[int, ErrorType] = {}
+for _name, _kind in (
+    ("EAI_AGAIN", _T),
+    ("EAI_NONAME", _P),
+    ("EAI_NODATA", _P),
+    ("EAI_SERVICE", _P),
+    ("EAI_FAIL", _P),
+):
+    if hasattr(socket, _name):
+        _GAI[getattr(socket, _name)] = _kind
+
+# SQLSTATE classes (PostgreSQL and the SQL standard).
+_SQLSTATE_PREFIX: tuple[tuple[str, ErrorType], ...] = (
+    ("40001", _T),
+    ("40P01", _T),
+    ("55P03", _T),
+    ("57P0", _T),
+    ("08", _T),
+    ("53", _T),
+    ("28", _F),
+    ("42", _P),
+    ("23", _P),
+    ("22", _P),
+)
+
+_MSG_FATAL = re.compile(
+    r"\bunauthori[sz]ed\b|authentication (?:failed|error)|invalid credentials|not authenticated"
+    r"|credentials (?:have )?(?:expired|are invalid)|unable to locate credentials",
+    re.I,
+)
+_MSG_TRANSIENT = re.compile(
+    r"timed? ?out|timeout (?:error|exceeded|occurred|expired)|temporar(?:il)?y (?:unavailable|failure|error)"
+    r"|try again|rate.?limit|too many requests|throttl|connection (?:refused|reset|aborted|closed|error|failed|lost)"
+    r"|server disconnected|remote end closed|broken pipe|service unavailable|bad gateway|gateway time"
+    r"|overloaded|server (?:is )?busy|econnreset|econnrefused|eai_again|network is unreachable|no route to host"
+    r"|database is locked|deadlock|could not connect|failed to connect|\bunavailable\b|upstream",
+    re.I,
+)
+_MSG_PERMANENT = re.compile(
+    r"not found|no such|does not exist|doesn't exist|\binvalid\b|malformed|unsupported|bad request|forbidden"
+    r"|permission denied|access denied|already exists|not allowed|unprocessable|syntax error|missing required"
+    r"|not permitted|cannot parse|could not parse|unknown (?:command|field|parameter|argument)",
+    re.I,
+)
+_MSG_STATUS = re.compile(
+    r"\b(?:status(?:[ _]code)?|error code|http(?:/\d(?:\.\d)?)?|response code|returned)\s*[:=]?\s*\(?([1-5]\d\d)\b",
+    re.I,
+)
+_MSG_RETRY_IN = re.compile(r"(?:try again|retry) in (\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?)\b", re.I)
+
+# Chain attributes beyond __cause__/__context__: tenacity, google-api-core, urllib,
+# urllib3, SQLAlchemy and aiohttp keep the underlying error under these names.
+_LINK_ATTRS = ("orig", "reason", "cause", "os_error", "original_exception", "inner_exception", "last_exception")
+
+
+# --- guarded probes ---------------------------------------------------------------------
+
+
+def _get(obj: Any, name: str) -> Any:
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _as_status(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and 100 <= value <= 599:
+        return value
+    if isinstance(value, str) and value.isdigit() and len(value) == 3:
+        as_int = int(value)
+        return as_int if 100 <= as_int <= 599 else None
+    return None
+
+
+def _mapping_get(obj: Any, *path: str) -> Any:
+    cur = obj
+    for key in path:
+        if not isinstance(cur, Mapping):
+            return None
+        try:
+            cur = cur.get(key)
+        except Exception:
+            return None
+    return cur
+
+
+def _safe_str(exc: Any) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        try:
+            text = repr(exc)
+        except Exception:
+            text = ""
+    return text[:_MAX_TEXT]
+
+
+def _status_of(exc: BaseException) -> int | None:
+    for name in ("status_code", "status", "http_status", "code", "status_int"):
+        status = _as_status(_get(exc, name))
+        if status is not None:
+            return status
+    response = _get(exc, "response")
+    if response is not None:
+        if isinstance(response, Mapping):
+            status = _as_status(_mapping_get(response, "ResponseMetadata", "HTTPStatusCode"))
+            if status is not None:
+                return status
+        else:
+            for name in ("status_code", "status"):
+                status = _as_status(_get(response, name))
+                if status is not None:
+                    return status
+    return None
+
+
+def _enum_name(value: Any) -> str | None:
+    name = _get(value, "name")
+    if isinstance(name, str):
+        return name
+    return None
+
+
+def _codes_of(exc: BaseException) -> list[str]:
+    """Every string error code the exception exposes, most specific first."""
+    codes: list[str] = []
+
+    def add(value: Any) -> None:
+        if isinstance(value, str) and 0 < len(value) <= 80 and not value.isdigit():
+            codes.append(value)
+
+    for name in ("code", "error_code", "type", "sqlstate", "pgcode"):
+        value = _get(exc, name)
+        if callable(value) and name == "code":
+            # grpc.RpcError.code() returns a grpc.StatusCode enum member.
+            try:
+                value = value()
+            except Exception:
+                value = None
+        if value is not None and not isinstance(value, (str, int)):
+            value = _enum_name(value)
+        add(value)
+    add(_enum_name(_get(exc, "grpc_status_code")))
+    diag = _get(exc, "diag")
+    add(_get(diag, "sqlstate") if diag is not None else None)
+    response = _get(exc, "response")
+    if isinstance(response, Mapping):
+        add(_mapping_get(response, "Error", "Code"))
+    body = _get(exc, "body")
+    if isinstance(body, Mapping):
+        add(_mapping_get(body, "code"))
+        add(_mapping_get(body, "type") if _mapping_get(body, "type") != "error" else None)
+        add(_mapping_get(body, "error", "code"))
+        add(_mapping_get(body, "error", "type"))
+        add(_mapping_get(body, "error", "status"))
+    return codes
+
+
+def _body_text(exc: BaseException) -> str:
+    parts: list[str] = []
+    body = _get(exc, "body")
+    if body is not None:
+        if isinstance(body, (Mapping, list)):
+            try:
+                parts.append(json.dumps(body, default=str)[:_MAX_TEXT])
+            except Exception:
+                pass
+        elif isinstance(body, (str, bytes)):
+            parts.append(body[:_MAX_TEXT] if isinstance(body, str) else body[:_MAX_TEXT].decode("utf-8", "replace"))
+    response = _get(exc, "response")
+    if response is not None and not isinstance(response, Mapping):
+        # httpx raises ResponseNotRead for unread streaming bodies: guarded by _get.
+        text = _get(response, "text")
+        if isinstance(text, str):
+            parts.append(text[:_MAX_TEXT])
+    elif isinstance(response, Mapping):
+        message = _mapping_get(response, "Error", "Message")
+        if isinstance(message, str):
+            parts.append(message)
+    details = _get(exc, "details")
+    if callable(details):
+        try:
+            details = details()
+        except Exception:
+            details = None
+    if isinstance(details, str):
+        parts.append(details)
+    return " ".join(parts)
+
+
+def _headers_of(exc: BaseException) -> Any:
+    headers = _get(exc, "headers")
+    if headers is None:
+        response = _get(exc, "response")
+        if isinstance(response, Mapping):
+            headers = _mapping_get(response, "ResponseMetadata", "HTTPHeaders")
+        elif response is not None:
+            headers = _get(response, "headers")
+    return headers
+
+
+def _retry_after_of(exc: BaseException, text: str) -> float | None:
+    headers = _headers_of(exc)
+    if headers is not None:
+        for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+            try:
+                raw = headers.get(name)
+                if raw is None:
+                    raw = headers.get(name.title())
+            except Exception:
+                raw = None
+            if raw is None:
+                continue
+            raw = str(raw).strip()
+            try:
+                return max(0.0, float(raw) * scale)
+            except ValueError:
+                pass
+            try:
+                when = parsedate_to_datetime(raw)
+                return max(0.0, when.timestamp() - time.time())
+            except Exception:
+                continue
+    match = _MSG_RETRY_IN.search(text)
+    if match:
+        value = float(match.group(1))
+        return value / 1000.0 if match.group(2).lower() == "ms" else value
+    return None
+
+
+def _status_kind(status: int, text: str) -> ErrorType:
+    if status in (408, 425, 429) or status >= 500:
+        return _T
+    if status in (401, 402, 407):
+        return _F
+    if status == 403:
+        if re.search(r"billing|suspend|api[ _-]?key|credit|deactivat|payment|quota", text, re.I):
+            return _F
+        return _P
+    if 400 <= status < 500:
+        return _P
+    return _P
+
+
+def _sqlstate_kind(code: str) -> ErrorType | None:
+    if len(code) != 5 or not code[:2].isalnum():
+        return None
+    upper = code.upper()
+    for prefix, kind in _SQLSTATE_PREFIX:
+        if upper.startswith(prefix):
+            return kind
+    return None
+
+
+def _type_kind(exc: BaseException) -> tuple[ErrorType, int] | None:
+    try:
+        mro = type(exc).__mro__
+    except Exception:
+        return None
+    for cls in mro:
+        name = cls.__name__.lower()
+        if name in ("exception", "baseexception", "object"):
+            break
+        kind = _TYPES.get(name)
+        if kind is not None:
+            return kind, _S_TYPE
+        if name.endswith(("timeout", "timeouterror")):
+            return _T, _S_TYPE
+        if name.endswith(("notfound", "notfounderror", "notfoundexception")):
+            return _P, _S_TYPE
+        if name in _GENERIC_PERMANENT:
+            return (_T if name in _GENERIC_TRANSIENT else _P), _S_GENERIC
+    return None
+
+
+def _errno_kind(exc: BaseException) -> ErrorType | None:
+    if not isinstance(exc, OSError):
+        return None
+    code = _get(exc, "errno")
+    if not isinstance(code, int):
+        return None
+    if isinstance(exc, socket.gaierror):
+        return _GAI.get(code, _P)
+    return _ERRNO.get(code)
+
+
+# --- evidence per link -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Evidence:
+    kind: ErrorType
+    strength: int
+    source: str
+    status: int | None
+    code: str | None
+
+
+def _link_evidence(exc: BaseException, rules: Sequence[Rule]) -> tuple[_Evidence | None, int | None, str]:
+    """Classify one exception on its own; returns (evidence, status, text)."""
+    message = _safe_str(exc)
+    body = _body_text(exc)
+    text = f"{message} {body}" if body else message
+    status = _status_of(exc)
+    codes = _codes_of(exc)
+
+    for rule in rules:
+        try:
+            if rule.matches(exc, status, codes, text):
+                return (
+                    _Evidence(ErrorType(rule.error_type), _S_RULE, "rule", status, codes[0] if codes else None),
+                    status,
+                    text,
+                )
+        except Exception:
+            continue
+
+    # Billing / credential signals in codes or text: fatal whatever the status says.
+    for code in codes:
+        if _CODES.get(code.lower()) is _F:
+            return _Evidence(_F, _S_PROVIDER, "code", status, code), status, text
+    if _FATAL_TEXT.search(text):
+        return _Evidence(_F, _S_PROVIDER, "text", status, codes[0] if codes else None), status, text
+
+    for code in codes:
+        low = code.lower()
+        kind = _CODES.get(low)
+        if kind is None and low.startswith(("statuscode.", "status_code.")):
+            kind = _CODES.get(low.split(".", 1)[1])
+        if kind is not None:
+            # An overloaded / rate-limit code is transient even on a 4xx; a permanent code
+            # on a 5xx (rare) still loses to the status: the server said it failed.
+            if kind is _P and status is not None and _status_kind(status, text) is _T:
+                return _Evidence(_T, _S_STATUS, "status", status, code), status, text
+            return _Evidence(kind, _S_PROVIDER, "code", status, code), status, text
+        sql = _sqlstate_kind(code) if (_get(exc, "sqlstate") == code or _get(exc, "pgcode") == code) else None
+        if sql is not None:
+            return _Evidence(sql, _S_STATUS, "sqlstate", status, code), status, text
+
+    # Redis replies carry their error code as the first word of the message.
+    first = message.split(" ", 1)[0].strip(":").lower() if message else ""
+    if first and first.isalpha() and first.upper() == message.split(" ", 1)[0].strip(":") and first in _CODES:
+        return _Evidence(_CODES[first], _S_STATUS, "code", status, first.upper()), status, text
+
+    if status is not None and status >= 400:
+        return (
+            _Evidence(_status_kind(status, text), _S_STATUS, "status", status, codes[0] if codes else None),
+            status,
+            text,
+        )
+
+    kind_errno = _errno_kind(exc)
+    if kind_errno is not None:
+        return _Evidence(kind_errno, _S_TYPE, "errno", status, None), status, text
+
+    typed = _type_kind(exc)
+    if typed is not None and typed[1] >= _S_TYPE:
+        return _Evidence(typed[0], typed[1], "type", status, codes[0] if codes else None), status, text
+
+    match = _MSG_STATUS.search(text)
+    if match:
+        text_status = int(match.group(1))
+        if text_status >= 400:
+            return (
+                _Evidence(_status_kind(text_status, text), _S_TEXT_STATUS, "message", text_status, None),
+                text_status,
+                text,
+            )
+
+    if _MSG_FATAL.search(text):
+        return _Evidence(_F, _S_MESSAGE, "message", status, None), status, text
+    if _MSG_TRANSIENT.search(text):
+        return _Evidence(_T, _S_MESSAGE, "message", status, None), status, text
+    if _MSG_PERMANENT.search(text):
+        return _Evidence(_P, _S_MESSAGE, "message", status, None), status, text
+
+    if typed is not None:
+        return _Evidence(typed[0], typed[1], "type", status, None), status, text
+    return None, status, text
+
+
+def _links(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and everything it wraps, outermost first, each once."""
+    seen: set[int] = set()
+    queue: list[BaseException] = [exc]
+    while queue and len(seen) < _MAX_LINKS:
+        cur = queue.pop(0)
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        yield cur
+        nxt: list[Any] = [_get(cur, "__cause__")]
+        if not _get(cur, "__suppress_context__"):
+            nxt.append(_get(cur, "__context__"))
+        last_attempt = _get(cur, "last_attempt")
+        if last_attempt is not None:
+            try:
+                nxt.append(last_attempt.exception(timeout=0))
+            except Exception:
+                pass
+        for name in _LINK_ATTRS:
+            nxt.append(_get(cur, name))
+        args = _get(cur, "args")
+        if isinstance(args, tuple):
+            nxt.extend(a for a in args[:4] if isinstance(a, BaseException))
+        queue.extend(n for n in nxt if isinstance(n, BaseException) and id(n) not in seen)
+
+
+def _group_members(exc: BaseException) -> list[BaseException] | None:
+    members = _get(exc, "exceptions")
+    if isinstance(members, (list, tuple)) and members and all(isinstance(m, BaseException) for m in members):
+        return list(members)
+    return None
+
+
+# --- signatures ------------------------------------------------------------------------
+
+_NORMALIZERS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\b[a-z][a-z0-9+.\-]*://\S+", re.I), "<url>"),
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<uuid>"),
+    (re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"), "<ts>"),
+    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"), "<ts>"),
+    (re.compile(r"'[^'\n]{0,200}'|\"[^\"\n]{0,200}\"|`[^`\n]{0,200}`"), "<q>"),
+    (re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.\-~@]+){2,}[\\/]?"), "<path>"),
+    (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<id>"),
+    (re.compile(r"\b(?=[0-9A-Za-z_\-]*[A-Za-z])(?=[A-Za-z_\-]*\d)[A-Za-z0-9_\-]{8,}\b"), "<id>"),
+    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
+    # identifiers built around a number (host-12, t7, v2beta) vary like the number does
+    (re.compile(r"\b[A-Za-z_\-]+<n>[\w\-<>]*|<n>[A-Za-z_\-]+[\w\-<>]*"), "<id>"),
+    (re.compile(r"\s+"), " "),
+)
+
+
+def normalize_message(message: str) -> str:
+    """Replace the parts of an error message that vary between occurrences of one fault.
+
+    Two failures that differ only in a request id, a timestamp, a path or a number get
+    the same text, so "same tool, same error, again" is recognizable.
+    """
+    text = message[:1000]
+    for pattern, repl in _NORMALIZERS:
+        text = pattern.sub(repl, text)
+    return text.strip()
+
+
+def _signature(tool: str | None, exc_type: str, message: str) -> str:
+    return f"{tool or '-'}:{exc_type}:{normalize_message(message)[:100]}"
+
+
+# --- entry point ------------------------------------------------------------------------
+
+
+def _classify(exc: BaseException, tool: str | None, rules: Sequence[Rule], unknown: ErrorType, depth: int) -> ErrorInfo:
+    members = _group_members(exc) if depth < 4 else None
+    if members is not None:
+        verdicts = [_classify(m, tool, rules, unknown, depth + 1) for m in members[:64]]
+        return max(verdicts, key=lambda v: SEVERITY[v.error_type])
+
+    best: _Evidence | None = None
+    best_exc: BaseException = exc
+    best_text = ""
+    first_status: int | None = None
+    retry_after: float | None = None
+    for position, link in enumerate(_links(exc)):
+        if position > 0:
+            nested = _group_members(link) if depth < 4 else None
+            if nested is not None:
+                inner = _classify(link, tool, rules, unknown, depth + 1)
+                ev: _Evidence | None = _Evidence(inner.error_type, _S_TYPE, "group", inner.status, inner.code)
+                status, text = inner.status, inner.message
+            else:
+                ev, status, text = _link_evidence(link, rules)
+        else:
+            ev, status, text = _link_evidence(link, rules)
+        if first_status is None and status is not None and status >= 400:
+            first_status = status
+        if retry_after is None:
+            retry_after = _retry_after_of(link, text)
+        if ev is not None and (best is None or ev.strength > best.strength):
+            best, best_exc, best_text = ev, link, text
+    if best is None:
+        kind, source, status_out, code = unknown, "default", first_status, None
+    else:
+        kind, source, status_out, code = best.kind, best.source, best.status or first_status, best.code
+    exc_type = type(best_exc).__name__
+    message = redact(_safe_str(best_exc) or exc_type)
+    if not _safe_str(best_exc) and best_text:
+        message = redact(best_text)
+    return ErrorInfo(
+        error_type=kind,
+        retryable=kind is ErrorType.TRANSIENT,
+        status=status_out,
+        code=code,
+        signature=_signature(tool, exc_type, message),
+        retry_after=retry_after if kind is ErrorType.TRANSIENT else None,
+        message=truncate(message),
+        exception_type=exc_type,
+        evidence=source,
+    )
+
+
+def classify(
+    exc: BaseException,
+    tool: str | None = None,
+    *,
+    rules: Sequence[Rule] = (),
+    unknown: ErrorType | str = ErrorType.PERMANENT,
+) -> ErrorInfo:
+    """Classify ``exc`` (any object; never raises).
+
+    ``unknown`` is the class for failures nothing recognizes: permanent by default,
+    because silently retrying an error nobody understands is how loops start.
+    """
+    try:
+        unknown_type = ErrorType(unknown)
+    except Exception:
+        unknown_type = ErrorType.PERMANENT
+    try:
+        if not isinstance(exc, BaseException):
+            text = truncate(redact(_safe_str(exc)))
+            return ErrorInfo(
+                unknown_type,
+                unknown_type is ErrorType.TRANSIENT,
+                signature=_signature(tool, type(exc).__name__, text),
+                message=text,
+                exception_type=type(exc).__name__,
+            )
+        return _classify(exc, tool, tuple(rules), unknown_type, 0)
+    except Exception:  # pragma: no cover - defensive: a classifier must never crash the loop
+        name = type(exc).__name__
+        return ErrorInfo(
+            unknown_type, unknown_type is ErrorType.TRANSIENT, signature=f"{tool or '-'}:{name}:", exception_type=name
+        )

@@ -1,0 +1,36 @@
+"""The `loop-governor` command line.
+
+Each feature area owns its sub-commands in its own module (a ``register(app)`` function),
+so this file only lists those modules: adding a command never means editing another
+area's code.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="loop-governor",
+    help="Reliable agent loops: benchmark, replay, report, checkpoints, breakers.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+# Dotted module names, each defining ``register(app: typer.Typer) -> None``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "loop_governor.demo",
+)
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(app)
+
+
+_register_all()
+
+
+def main() -> None:  # pragma: no cover - thin entry point
+    app()

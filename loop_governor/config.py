@@ -1,0 +1,149 @@
+"""Governor configuration: defaults from the seeds, overridable per tool, from env or TOML.
+
+Sources, strongest first: constructor arguments, environment (``LOOP_GOVERNOR_*``, nested
+with ``__``, e.g. ``LOOP_GOVERNOR_TOOLS__send_email__RETRY_MAX_ATTEMPTS=1``), a TOML file
+(``GovernorConfig.from_toml(path)`` or ``LOOP_GOVERNOR_CONFIG_FILE``). Invalid values fail
+at construction with pydantic's message naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from loop_governor.breaker import BreakerPolicy
+
+ErrorClass = Literal["transient", "permanent", "fatal"]
+
+
+class ToolPolicy(BaseModel):
+    """Per-tool overrides; ``None`` means "use the governor-wide value".
+
+    ``retry=False`` is for tools with side effects (send an email, charge a card): such a
+    call is never repeated by the governor, whatever the error.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retry: bool = True
+    retry_max_attempts: int | None = Field(default=None, ge=1, le=100)
+    retry_base_delay: float | None = Field(default=None, ge=0)
+    retry_max_delay: float | None = Field(default=None, ge=0)
+    breaker_failure_threshold: int | None = Field(default=None, ge=1)
+    breaker_cooldown_s: float | None = Field(default=None, gt=0)
+    unknown_error: ErrorClass | None = None
+
+
+class ResolvedPolicy:
+    """A tool's effective settings, computed once per tool and cached (hot path)."""
+
+    __slots__ = ("base_delay", "breaker", "jitter", "max_attempts", "max_delay", "unknown_error")
+
+    def __init__(self, config: GovernorConfig, override: ToolPolicy | None) -> None:
+        o = override or ToolPolicy()
+        self.max_attempts: int = 1 if not o.retry else (o.retry_max_attempts or config.retry_max_attempts)
+        self.base_delay: float = config.retry_base_delay if o.retry_base_delay is None else o.retry_base_delay
+        self.max_delay: float = config.retry_max_delay if o.retry_max_delay is None else o.retry_max_delay
+        self.jitter: float = config.retry_jitter
+        self.breaker = BreakerPolicy(
+            o.breaker_failure_threshold or config.breaker_failure_threshold,
+            o.breaker_cooldown_s or config.breaker_cooldown_s,
+        )
+        self.unknown_error: ErrorClass = o.unknown_error or config.unknown_error
+
+
+class GovernorConfig(BaseSettings):
+    """Everything the governor decides by. Defaults are the seeds' measured values."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LOOP_GOVERNOR_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    retry_max_attempts: int = Field(default=3, ge=1, le=100, description="attempts per call, first included")
+    retry_base_delay: float = Field(default=0.8, ge=0, description="seconds; doubled each retry")
+    retry_max_delay: float = Field(default=8.0, ge=0, description="cap on one backoff, seconds")
+    retry_jitter: float = Field(default=0.5, ge=0, le=1, description="delay *= 0.5 + random()*jitter")
+    task_retry_budget: int = Field(default=6, ge=0, description="retries shared by all tools of one task")
+    breaker_failure_threshold: int = Field(default=5, ge=1)
+    breaker_cooldown_s: float = Field(default=60.0, gt=0)
+    repeated_error_threshold: int = Field(default=3, ge=1, description="same tool+signature failures")
+    max_steps: int | None = Field(default=None, ge=1, description="model + tool calls per task")
+    unknown_error: ErrorClass = "permanent"
+    store_url: str = "memory://"
+    checkpoint_url: str | None = None
+    trace_path: str | None = None
+    tools: dict[str, ToolPolicy] = Field(default_factory=dict)
+
+    @field_validator("store_url")
+    @classmethod
+    def _check_store_url(cls, value: str) -> str:
+        if not value.lower().startswith(("memory://", "sqlite:///", "redis://", "rediss://", "unix://")):
+            raise ValueError("store_url must start with memory://, sqlite:///, redis:// or rediss://")
+        return value
+
+    @model_validator(mode="after")
+    def _check_delays(self) -> GovernorConfig:
+        if self.retry_base_delay > self.retry_max_delay:
+            raise ValueError(
+                f"retry_base_delay ({self.retry_base_delay}) must not exceed retry_max_delay ({self.retry_max_delay})"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        env_file = os.environ.get("LOOP_GOVERNOR_CONFIG_FILE")
+        if env_file:
+            path = Path(env_file)
+            # Not TomlConfigSettingsSource: it can't read a [loop_governor] table.
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=_read_toml_table(path)))
+        return tuple(sources)
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str], **overrides: Any) -> GovernorConfig:
+        """Load a TOML file (top-level keys or a ``[loop_governor]`` table)."""
+        path = Path(path)
+        table = _read_toml_table(path)
+        # Env still beats the file; explicit overrides beat both.
+        env_only = cls(**overrides)
+        merged = {**table, **env_only.model_dump(exclude_unset=True), **overrides}
+        return cls(**merged)
+
+    def policy_for(self, tool: str) -> ResolvedPolicy:
+        return ResolvedPolicy(self, self.tools.get(tool))
+
+
+def _read_toml_table(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    if not path.is_file():
+        raise FileNotFoundError(f"loop-governor config file not found: {path}")
+    with path.open("rb") as fh:
+        data = tomllib.load(fh)
+    table = data.get("loop_governor", data)
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: [loop_governor] must be a table")
+    return table

@@ -1,0 +1,523 @@
+"""The Governor: one object that governs every tool call of an agent.
+
+``g.call(tool, fn, *args)`` runs ``fn`` and returns its value, or raises a typed
+:class:`~loop_governor.errors.AgentToolError` whose ``.info`` is what the model should
+read. In between it applies, in order: the task's step budget, the known-bad memory,
+the tool's circuit breaker, the call, classification of any failure, retries on
+transient ones (tenacity, backoff with jitter, Retry-After, the task's retry budget),
+the repeated-error guard, and events for the trace. The model sees one final outcome.
+
+Task scope travels in a contextvar (``with g.task("id"):``), so adapters never thread
+it through framework code; it follows asyncio tasks and can be copied into threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import random as _random
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar, Token
+from types import TracebackType
+from typing import Any, TypeVar
+
+from tenacity import AsyncRetrying, Retrying
+
+from loop_governor.breaker import Admission, BreakerPolicy, BreakerState, Transition
+from loop_governor.classify import ErrorInfo, Rule, classify
+from loop_governor.config import GovernorConfig, ResolvedPolicy
+from loop_governor.errors import (
+    AgentToolError,
+    BudgetExhaustedError,
+    CircuitOpenError,
+    ErrorType,
+    FatalError,
+    GovernedError,
+    LoopDetectedError,
+    PermanentError,
+    TransientError,
+    error_from_info,
+)
+from loop_governor.retry import BreakerRefused, CallAttempts
+from loop_governor.stores import Store, store_from_url
+
+T = TypeVar("T")
+
+Subscriber = Callable[[dict[str, Any]], None]
+
+_SCOPE: ContextVar[TaskScope | None] = ContextVar("loop_governor_task", default=None)
+
+
+def call_key(tool: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> str:
+    """A stable key for "this tool with these arguments": tool + digest of canonical JSON."""
+    payload = json.dumps([list(args), kwargs or {}], sort_keys=True, separators=(",", ":"), default=repr)
+    return f"{tool}:{hashlib.sha256(payload.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}"
+
+
+class TaskScope:
+    """Per-task counters; the durable per-task state (budget, known-bad) is in the store."""
+
+    __slots__ = (
+        "_token",
+        "governor",
+        "known_bad",
+        "model_calls",
+        "results",
+        "started_at",
+        "steps",
+        "task_id",
+        "tool_calls",
+    )
+
+    def __init__(self, governor: Governor, task_id: str) -> None:
+        self.governor = governor
+        self.task_id = task_id
+        self.steps = 0
+        self.tool_calls = 0
+        self.model_calls = 0
+        self.known_bad = 0
+        self.results: list[Any] = []
+        self.started_at = 0.0
+        self._token: Token[TaskScope | None] | None = None
+
+    # Both context-manager protocols: ``with g.task(...)`` and ``async with g.task(...)``.
+    def __enter__(self) -> TaskScope:
+        if self._token is not None:
+            raise RuntimeError(f"task scope {self.task_id!r} is already entered")
+        self.started_at = self.governor.clock()
+        self.known_bad = self.governor.store.known_bad_count(self.task_id)
+        self._token = _SCOPE.set(self)
+        self.governor.emit("task_start")
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        gov = self.governor
+        gov.emit("task_end", steps=self.steps, tool_calls=self.tool_calls, model_calls=self.model_calls)
+        if self._token is not None:
+            _SCOPE.reset(self._token)
+            self._token = None
+        gov.store.end_task(self.task_id)
+
+    async def __aenter__(self) -> TaskScope:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def add_result(self, value: Any) -> None:
+        """Keep a sub-task result: delivered with BudgetExhaustedError if the task is cut short."""
+        self.results.append(value)
+
+
+class Governor:
+    """Governs tool calls. Thread- and asyncio-safe; one per process is typical."""
+
+    def __init__(
+        self,
+        config: GovernorConfig | None = None,
+        *,
+        store: Store | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
+        asleep: Callable[[float], Awaitable[None]] | None = None,
+        random: Callable[[], float] | None = None,
+        rules: list[Rule] | tuple[Rule, ...] = (),
+    ) -> None:
+        self.config = config if config is not None else GovernorConfig()
+        self.store: Store = store if store is not None else store_from_url(self.config.store_url)
+        # Wall clock by default: breaker timestamps are shared with other processes
+        # through the SQLite/Redis stores. Tests and the benchmark inject a virtual one.
+        self.clock: Callable[[], float] = clock or time.time
+        self.sleep: Callable[[float], None] = sleep or time.sleep
+        self.asleep: Callable[[float], Awaitable[None]] = asleep or asyncio.sleep
+        self.random: Callable[[], float] = random or _random.Random().random
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        self._policies: dict[str, ResolvedPolicy] = {}
+        self._policy_lock = threading.Lock()
+        self._subscribers: list[Subscriber] = []
+        self._emitting = False
+        self.sink_failures = 0
+        if self.config.trace_path:
+            from loop_governor import trace
+
+            trace.install(self, path=self.config.trace_path)
+
+    # -- configuration -------------------------------------------------------------------
+
+    def policy(self, tool: str) -> ResolvedPolicy:
+        pol = self._policies.get(tool)
+        if pol is None:
+            with self._policy_lock:
+                pol = self._policies.setdefault(tool, self.config.policy_for(tool))
+        return pol
+
+    # -- events --------------------------------------------------------------------------
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Receive every event dict; returns a function that unsubscribes."""
+        self._subscribers = [*self._subscribers, fn]
+        self._emitting = True
+
+        def unsubscribe() -> None:
+            self._subscribers = [s for s in self._subscribers if s is not fn]
+            self._emitting = bool(self._subscribers)
+
+        return unsubscribe
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Send an event to subscribers. A failing subscriber never breaks the agent."""
+        if not self._emitting:
+            return
+        scope = _SCOPE.get()
+        record = {"event": event, "ts": self.clock(), "task_id": scope.task_id if scope is not None else None}
+        record.update(fields)
+        for fn in self._subscribers:
+            try:
+                fn(record)
+            except Exception:
+                self.sink_failures += 1
+
+    # -- task scope ----------------------------------------------------------------------
+
+    def task(self, task_id: str | None = None) -> TaskScope:
+        """Open a task scope: ``with g.task("id"):`` or ``async with g.task("id"):``."""
+        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex)
+
+    @staticmethod
+    def current_task() -> TaskScope | None:
+        return _SCOPE.get()
+
+    def count_step(self, kind: str = "model") -> None:
+        """Count a model (or other) step against the task's ``max_steps``."""
+        scope = _SCOPE.get()
+        if scope is None:
+            return
+        self._take_step(scope, None)
+        if kind == "model":
+            scope.model_calls += 1
+
+    def _take_step(self, scope: TaskScope, tool: str | None) -> None:
+        limit = self.config.max_steps
+        if limit is not None and scope.steps >= limit:
+            info = GovernedError(
+                error_type=ErrorType.FATAL,
+                tool=tool,
+                code="max_steps",
+                message=f"task {scope.task_id} used its {limit} steps",
+                signature=f"{tool or '-'}:BudgetExhaustedError:max_steps",
+                advice="the step budget is spent: stop and report what was done",
+            )
+            self.emit("budget_exhausted", budget="max_steps", limit=limit, tool=tool)
+            raise BudgetExhaustedError(info, partial_results=scope.results)
+        scope.steps += 1
+
+    # -- breaker helpers (used by CallAttempts too) --------------------------------------
+
+    def admit(self, tool: str, policy: ResolvedPolicy) -> Admission:
+        admission, transition = self.store.breaker_admit(tool, self.clock, policy.breaker)
+        if transition is not None:
+            self._emit_transition(tool, transition)
+        return admission
+
+    def record_breaker(self, tool: str, ok: bool, probe: bool, policy: ResolvedPolicy) -> None:
+        transition = self.store.breaker_record(tool, ok, probe, self.clock(), policy.breaker)
+        if transition is not None:
+            self._emit_transition(tool, transition)
+
+    def _emit_transition(self, tool: str, transition: Transition) -> None:
+        self.emit("breaker", tool=tool, from_state=transition[0].value, to_state=transition[1].value)
+
+    def breaker_state(self, tool: str) -> BreakerState:
+        """The tool's breaker state as the store has it (for adapters' pre-call hooks)."""
+        rec = self.store.breaker_get(tool)
+        if rec.state is BreakerState.OPEN and self.clock() >= rec.opened_at + self.policy(tool).breaker.cooldown_s:
+            return BreakerState.HALF_OPEN  # the next call will be admitted as the probe
+        return rec.state
+
+    def check_breaker(self, tool: str) -> None:
+        """Raise CircuitOpenError when ``tool`` would be refused now, without consuming a probe."""
+        rec = self.store.breaker_get(tool)
+        if rec.state is BreakerState.CLOSED:
+            return
+        cooldown = self.policy(tool).breaker.cooldown_s
+        ready_at = (rec.opened_at if rec.state is BreakerState.OPEN else rec.probe_at) + cooldown
+        now = self.clock()
+        if now < ready_at:
+            raise self._circuit_open(
+                tool, Admission(False, state=rec.state, retry_in=ready_at - now, failures=rec.failures)
+            )
+
+    # -- classification ------------------------------------------------------------------
+
+    def classify_failure(self, exc: BaseException, tool: str, policy: ResolvedPolicy) -> ErrorInfo:
+        if isinstance(exc, AgentToolError):
+            i = exc.info
+            return ErrorInfo(
+                i.error_type,
+                i.retryable,
+                i.status,
+                i.code,
+                i.signature,
+                i.retry_after,
+                i.message,
+                type(exc).__name__,
+                "governed",
+            )
+        return classify(exc, tool, rules=self.rules, unknown=policy.unknown_error)
+
+    # -- the governed call ---------------------------------------------------------------
+
+    def _precheck(
+        self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[TaskScope | None, ResolvedPolicy, Admission, str | None]:
+        """Everything before the first attempt (shared by call and acall)."""
+        scope = _SCOPE.get()
+        policy = self._policies.get(tool) or self.policy(tool)
+        key: str | None = None
+        if scope is not None:
+            if scope.known_bad:
+                key = call_key(tool, args, kwargs)
+                stored = self.store.known_bad_get(scope.task_id, key)
+                if stored is not None:
+                    # Same bytes as the first time (prompt cache), unless the model keeps
+                    # insisting: then the repeated-error guard tells it to stop.
+                    info = GovernedError.model_validate_json(stored)
+                    self.emit(
+                        "tool_call",
+                        tool=tool,
+                        status="error",
+                        error_type=info.error_type.value,
+                        signature=info.signature,
+                        attempts=0,
+                        duration_s=0.0,
+                        call_key=key,
+                        known_bad=True,
+                    )
+                    raise self._guard_repeats(scope, info) or error_from_info(info)
+            self._take_step(scope, tool)
+            scope.tool_calls += 1
+        admission, transition = self.store.breaker_admit(tool, self.clock, policy.breaker)
+        if transition is not None:
+            self._emit_transition(tool, transition)
+        if not admission.allowed:
+            err = self._circuit_open(tool, admission)
+            self.emit(
+                "tool_call",
+                tool=tool,
+                status="error",
+                error_type="transient",
+                signature=err.info.signature,
+                attempts=0,
+                duration_s=0.0,
+                call_key=key,
+                circuit_open=True,
+            )
+            raise self._guard_repeats(scope, err.info) or err
+        return scope, policy, admission, key
+
+    def _succeeded(
+        self, tool: str, policy: ResolvedPolicy, admission: Admission, started: float, attempts: int, key: str | None
+    ) -> None:
+        if admission.dirty:
+            self.record_breaker(tool, True, admission.probe, policy)
+        if self._emitting:
+            self.emit(
+                "tool_call",
+                tool=tool,
+                status="ok",
+                error_type=None,
+                signature=None,
+                attempts=attempts,
+                duration_s=self.clock() - started,
+                call_key=key,
+            )
+
+    def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` governed; returns its value or raises AgentToolError."""
+        scope, policy, admission, key = self._precheck(tool, args, kwargs)
+        started = self.clock() if self._emitting else 0.0
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            attempts = CallAttempts(self, tool, policy, scope, admission)
+            try:
+                result = Retrying(sleep=self.sleep, **attempts.tenacity_kwargs())(
+                    CallAttempts.replay(exc, fn, args, kwargs)
+                )
+            except BreakerRefused as refused:
+                raise self._failed(attempts, args, kwargs, key, started, refused.admission) from attempts.last_exc
+            except Exception as final:
+                raise self._failed(attempts, args, kwargs, key, started, None) from final
+            self._succeeded(tool, policy, attempts.admission, started, attempts.attempts + 1, key)
+            return result
+        if admission.dirty or self._emitting:
+            self._succeeded(tool, policy, admission, started, 1, key)
+        return result
+
+    async def acall(
+        self, tool: str, fn: Callable[..., Awaitable[T]] | Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> T:
+        """Async twin of :meth:`call` (same decisions; tenacity's AsyncRetrying sleeps)."""
+        scope, policy, admission, key = self._precheck(tool, args, kwargs)
+        started = self.clock() if self._emitting else 0.0
+
+        async def run(*a: Any, **kw: Any) -> Any:
+            value = fn(*a, **kw)
+            return await value if inspect.isawaitable(value) else value
+
+        try:
+            result = await run(*args, **kwargs)
+        except Exception as exc:
+            attempts = CallAttempts(self, tool, policy, scope, admission)
+            try:
+                retrying = AsyncRetrying(sleep=self.asleep, **attempts.tenacity_kwargs())
+                result = await retrying(CallAttempts.areplay(exc, run, args, kwargs))
+            except BreakerRefused as refused:
+                raise self._failed(attempts, args, kwargs, key, started, refused.admission) from attempts.last_exc
+            except Exception as final:
+                raise self._failed(attempts, args, kwargs, key, started, None) from final
+            self._succeeded(tool, policy, attempts.admission, started, attempts.attempts + 1, key)
+            return result  # type: ignore[no-any-return]
+        if admission.dirty or self._emitting:
+            self._succeeded(tool, policy, admission, started, 1, key)
+        return result  # type: ignore[no-any-return]
+
+    # -- failure outcome -----------------------------------------------------------------
+
+    def _circuit_open(self, tool: str, admission: Admission) -> CircuitOpenError:
+        wait = max(1, round(admission.retry_in))
+        info = GovernedError(
+            error_type=ErrorType.TRANSIENT,
+            retryable=False,
+            tool=tool,
+            code="circuit_open",
+            message=f"{tool} failed repeatedly; its circuit breaker is {admission.state.value}",
+            signature=f"{tool}:CircuitOpenError:circuit open",
+            attempts=0,
+            retry_after=float(wait),
+            advice=f"{tool} is unavailable for ~{wait}s; use another tool or continue without it",
+        )
+        return CircuitOpenError(info)
+
+    def _advice(self, tool: str, info: ErrorInfo, reason: str | None, attempts: int) -> str:
+        if info.error_type is ErrorType.FATAL:
+            return "the run cannot continue: credentials, billing or quota must be fixed by an operator"
+        if info.error_type is ErrorType.PERMANENT:
+            return f"do not repeat this call to {tool} with the same arguments; change them or use another tool"
+        if reason == "budget":
+            return (
+                f"the retry budget of this task is spent; do not call {tool} again now; continue without it or report"
+            )
+        if reason == "retry_after" and info.retry_after is not None:
+            return f"{tool} asked for a pause of {info.retry_after:.0f}s; use another tool or continue without it"
+        if reason == "breaker":
+            return f"{tool} is unavailable (circuit open); use another tool or continue without it"
+        return f"{tool} failed {attempts} times in a row; use another tool or continue without it"
+
+    def _failed(
+        self,
+        attempts: CallAttempts,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: str | None,
+        started: float,
+        refused: Admission | None,
+    ) -> AgentToolError:
+        """Turn the last failure into the one outcome the model sees."""
+        tool, scope = attempts.tool, attempts.scope
+        info = attempts.last_info
+        assert info is not None  # the retry predicate ran for the first failure
+        n = max(attempts.attempts, 1)
+        governed = GovernedError(
+            error_type=info.error_type,
+            retryable=False,
+            tool=tool,
+            status=info.status,
+            code=info.code,
+            message=info.message,
+            signature=info.signature,
+            attempts=n,
+            retry_after=info.retry_after if info.error_type is ErrorType.TRANSIENT else None,
+            advice=self._advice(tool, info, attempts.stop_reason, n),
+        )
+        self.emit(
+            "tool_call",
+            tool=tool,
+            status="error",
+            error_type=info.error_type.value,
+            signature=info.signature,
+            attempts=n,
+            duration_s=(self.clock() - started) if started else 0.0,
+            call_key=key,
+            stop_reason=attempts.stop_reason,
+        )
+        if info.error_type is ErrorType.FATAL:
+            return FatalError(governed)
+        if info.error_type is ErrorType.PERMANENT and scope is not None:
+            key = key or call_key(tool, args, kwargs)
+            self.store.known_bad_put(scope.task_id, key, governed.model_dump_json())
+            scope.known_bad += 1
+        loop = self._guard_repeats(scope, governed)
+        if loop is not None:
+            return loop
+        return PermanentError(governed) if info.error_type is ErrorType.PERMANENT else TransientError(governed)
+
+    def _guard_repeats(self, scope: TaskScope | None, info: GovernedError) -> LoopDetectedError | None:
+        """Same tool, same error signature, N times in one task: tell the model to stop."""
+        if scope is None:
+            return None
+        count = self.store.signature_hit(scope.task_id, info.signature)
+        threshold = self.config.repeated_error_threshold
+        if count < threshold:
+            return None
+        self.emit("loop_detected", tool=info.tool, signature=info.signature, count=count)
+        return LoopDetectedError(
+            info.model_copy(
+                update={
+                    "error_type": ErrorType.PERMANENT,
+                    "retryable": False,
+                    "count": count,
+                    "advice": f"{info.tool} failed the same way {count} times in this task; stop calling it "
+                    "for this and continue without it or report the failure",
+                }
+            )
+        )
+
+
+_default: Governor | None = None
+_default_lock = threading.Lock()
+
+
+def default_governor() -> Governor:
+    """The process-wide governor adapters use when none is given (config from env/TOML)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Governor()
+    return _default
+
+
+def set_default_governor(governor: Governor | None) -> None:
+    global _default
+    with _default_lock:
+        _default = governor
+
+
+__all__ = [
+    "BreakerPolicy",
+    "Governor",
+    "TaskScope",
+    "call_key",
+    "default_governor",
+    "set_default_governor",
+]

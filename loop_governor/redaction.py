@@ -1,0 +1,68 @@
+"""Secret redaction for anything that leaves the process: model text, traces, checkpoints.
+
+Error messages from HTTP clients routinely echo the request URL, headers or body, and
+with them API keys and passwords. The governor puts error text in front of the model and
+into traces, so every such text passes through :func:`redact` first. No library covers
+the provider key formats we see in agent tools, hence the hand-written patterns.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_MASK = "[REDACTED]"
+
+# Order matters: specific formats before the generic ``key=value`` rule.
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # scheme://user:password@host -> keep user, drop password
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/@]+):[^\s@/]+@"), r"\1:" + _MASK + "@"),
+    # Authorization: Bearer <token> / Basic <token>
+    (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9\-._~+/]{8,}=*"), r"\1 " + _MASK),
+    # OpenAI / Anthropic / generic "sk-" keys, Stripe style keys
+    (re.compile(r"\b(?:sk|rk|pk)-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{8,}"), _MASK),
+    (re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{8,}"), _MASK),
+    # AWS access key ids
+    (re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{12,}\b"), _MASK),
+    # Google API keys
+    (re.compile(r"\bAIza[0-9A-Za-z_\-]{30,}"), _MASK),
+    # GitHub, Slack, Hugging Face tokens
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), _MASK),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), _MASK),
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), _MASK),
+    # JSON Web Tokens
+    (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), _MASK),
+    # key=value / "key": "value" for secret-looking names
+    (
+        re.compile(
+            r"(?i)([\"']?\b(?:api[_-]?key|apikey|access[_-]?token|refresh[_-]?token|auth[_-]?token|"
+            r"secret(?:[_-]?key)?|client[_-]?secret|password|passwd|pwd|x-api-key|session[_-]?token|"
+            r"aws[_-]?secret[_-]?access[_-]?key)\b[\"']?\s*[:=]\s*[\"']?)([^\s\"'&,;}]{3,})"
+        ),
+        r"\1" + _MASK,
+    ),
+)
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with API keys, bearer tokens and passwords masked.
+
+    Cheap when there is nothing to find: a single pass per pattern, no allocation when
+    nothing matches.
+    """
+    if not text:
+        return text
+    for pattern, repl in _PATTERNS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def redact_obj(value: Any) -> Any:
+    """Redact every string inside a JSON-like structure (dicts, lists, tuples)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_obj(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_obj(v) for v in value]
+    return value

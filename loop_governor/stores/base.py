@@ -1,0 +1,74 @@
+"""The state-store protocol: everything the governor shares beyond one call.
+
+Breaker state is per tool and shared across tasks (and, with Redis, across processes);
+budgets, known-bad calls and repeated-error counts are per task. Every method is one
+atomic operation, so the governor never needs a lock of its own around store state and
+any backend that honours this protocol behaves the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from loop_governor.breaker import Admission, BreakerPolicy, BreakerRecord, BreakerState, Transition
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerStatus:
+    """One tool's breaker, as listed by ``loop-governor breakers``."""
+
+    tool: str
+    state: BreakerState
+    failures: int
+    opened_at: float
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Atomic state operations. ``now`` comes from the governor's (injectable) clock."""
+
+    name: str
+
+    # -- breakers (per tool) --
+    def breaker_admit(self, tool: str, clock: Clock, policy: BreakerPolicy) -> tuple[Admission, Transition | None]:
+        """May a call to ``tool`` go ahead? Reads ``clock`` only when the breaker is not closed."""
+        ...
+
+    def breaker_record(self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy) -> Transition | None:
+        """Record one attempt's outcome; returns the state change it caused, if any."""
+        ...
+
+    def breaker_get(self, tool: str) -> BreakerRecord: ...
+
+    def breaker_list(self) -> list[BreakerStatus]: ...
+
+    def breaker_force(self, tool: str, state: BreakerState | str, now: float) -> None: ...
+
+    # -- per-task state --
+    def budget_take(self, task_id: str, limit: int) -> bool:
+        """Take one retry from the task's budget; False (and nothing taken) when spent."""
+        ...
+
+    def budget_used(self, task_id: str) -> int: ...
+
+    def known_bad_get(self, task_id: str, key: str) -> str | None:
+        """The stored model-facing error JSON for a known-bad call, or None."""
+        ...
+
+    def known_bad_put(self, task_id: str, key: str, info_json: str) -> None: ...
+
+    def known_bad_count(self, task_id: str) -> int: ...
+
+    def signature_hit(self, task_id: str, signature: str) -> int:
+        """Count one more failure with this signature in the task; returns the new count."""
+        ...
+
+    def end_task(self, task_id: str) -> None:
+        """Forget the task's state (its scope closed)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,112 @@
+"""Configuration sources and validation; redaction of secrets in model-facing text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+import loop_governor as lg
+
+
+def test_defaults_are_the_seeds() -> None:
+    c = lg.GovernorConfig()
+    assert (c.retry_max_attempts, c.retry_base_delay, c.retry_max_delay, c.retry_jitter) == (3, 0.8, 8.0, 0.5)
+    assert (c.task_retry_budget, c.breaker_failure_threshold, c.breaker_cooldown_s) == (6, 5, 60)
+    assert (c.repeated_error_threshold, c.max_steps, c.unknown_error, c.store_url) == (
+        3,
+        None,
+        "permanent",
+        "memory://",
+    )
+
+
+def test_env_and_nested_tool_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOP_GOVERNOR_RETRY_MAX_ATTEMPTS", "5")
+    monkeypatch.setenv("LOOP_GOVERNOR_TOOLS", json.dumps({"send_email": {"retry": False}}))
+    c = lg.GovernorConfig()
+    assert c.retry_max_attempts == 5
+    assert c.policy_for("send_email").max_attempts == 1
+    assert c.policy_for("search").max_attempts == 5
+
+
+def test_toml_file_with_env_winning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "governor.toml"
+    path.write_text(
+        "[loop_governor]\nretry_max_attempts = 4\ntask_retry_budget = 9\n"
+        "[loop_governor.tools.charge_card]\nretry = false\n"
+    )
+    monkeypatch.setenv("LOOP_GOVERNOR_TASK_RETRY_BUDGET", "2")
+    c = lg.GovernorConfig.from_toml(path)
+    assert c.retry_max_attempts == 4 and c.task_retry_budget == 2
+    assert c.policy_for("charge_card").max_attempts == 1
+    monkeypatch.setenv("LOOP_GOVERNOR_CONFIG_FILE", str(path))
+    assert lg.GovernorConfig().retry_max_attempts == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"retry_max_attempts": 0}, "retry_max_attempts"),
+        ({"retry_jitter": 2}, "retry_jitter"),
+        ({"unknown_error": "maybe"}, "unknown_error"),
+        ({"store_url": "mongodb://x"}, "store_url"),
+        ({"retry_base_delay": 10, "retry_max_delay": 1}, "retry_base_delay"),
+        ({"typo_field": 1}, "typo_field"),
+    ],
+)
+def test_invalid_config_fails_clearly(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        lg.GovernorConfig(**kwargs)
+    assert field in str(err.value)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="config file not found"):
+        lg.GovernorConfig.from_toml(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "sk-proj-abcdefghijklmnop1234",
+        "sk-ant-api03-abcdefghijklmnop",
+        "AKIAIOSFODNN7EXAMPLE",
+        "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+        "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    ],
+)
+def test_redact_known_key_formats(secret: str) -> None:
+    assert secret not in lg.redact(f"request failed with key {secret} at step 3")
+
+
+def test_redact_bearer_password_and_params() -> None:
+    text = (
+        "Authorization: Bearer abcdef1234567890xyz; url=postgres://app:s3cr3tpw@db:5432/x "
+        'api_key=zzz999yyy "password": "hunter22"'
+    )
+    out = lg.redact(text)
+    for secret in ("abcdef1234567890xyz", "s3cr3tpw", "zzz999yyy", "hunter22"):
+        assert secret not in out
+    assert "postgres://app:" in out  # the user name stays: it helps debugging
+
+
+def test_model_text_is_stable_compact_and_bounded() -> None:
+    info = lg.GovernedError(
+        error_type="transient",
+        tool="search",
+        status=503,
+        message="x" * 2000,
+        signature="s",
+        attempts=3,
+        advice="use another tool",
+    )
+    text = info.to_model_text()
+    assert text == lg.GovernedError.model_validate_json(info.model_dump_json()).to_model_text()
+    body = json.loads(text)["error"]
+    assert list(body) == ["type", "retryable", "tool", "status", "message", "attempts", "advice"]
+    assert len(body["message"]) <= 500
+    assert " " not in text.split('"message"')[0]

@@ -1,0 +1,57 @@
+"""Test helpers importable from any test (``tests`` is on pythonpath): a virtual clock,
+HTTP-like errors and a fault-injecting backend."""
+
+from __future__ import annotations
+
+
+class VirtualClock:
+    """Time that moves only when something sleeps (or the test advances it)."""
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class HTTPError(Exception):
+    """Shaped like SDK status errors: a ``status_code`` and optional headers."""
+
+    def __init__(self, status: int, message: str = "", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message or f"HTTP {status}")
+        self.status_code = status
+        self.headers = headers or {}
+
+
+class Backend:
+    """A fault-injecting tool: raises the scripted errors in order, then returns 'ok'."""
+
+    def __init__(self, *faults: BaseException | None, forever: BaseException | None = None) -> None:
+        self.faults = list(faults)
+        self.forever = forever
+        self.calls = 0
+
+    def __call__(self, *args: object, **kwargs: object) -> str:
+        self.calls += 1
+        if self.faults:
+            fault = self.faults.pop(0)
+            if fault is not None:
+                raise fault
+            return "ok"
+        if self.forever is not None:
+            raise self.forever
+        return "ok"
+
+    async def acall(self, *args: object, **kwargs: object) -> str:
+        return self(*args, **kwargs)

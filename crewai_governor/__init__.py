@@ -1,1 +1,34 @@
-"""CrewAI adapter for loop-governor (see the crewai adapter issue)."""
+"""CrewAI adapter for loop-governor: governed tools, LLM/tool hooks, an event listener.
+
+Swap a crew's tools for governed ones and, optionally, install the hooks for one run::
+
+    import loop_governor as lg
+    from crewai_governor import govern_tools, install
+
+    g = lg.Governor(lg.GovernorConfig())
+    agent = Agent(role=..., goal=..., backstory=..., tools=govern_tools([search, fetch], g))
+    with install(g, pruner_factory=ContextPruner):
+        crew.kickoff()
+
+The adapter holds no governance logic: retries, breakers, budgets and classification
+live in :mod:`loop_governor`; this package only maps them onto crewAI's plug points.
+"""
+
+from crewai_governor._default import resolve_governor
+from crewai_governor.failures import GovernedToolFailure, stop_error
+from crewai_governor.hooks import GovernorHooks, Installation, install
+from crewai_governor.listener import GovernorEventListener
+from crewai_governor.tools import GovernedTool, govern_tool, govern_tools
+
+__all__ = [
+    "GovernedTool",
+    "GovernedToolFailure",
+    "GovernorEventListener",
+    "GovernorHooks",
+    "Installation",
+    "govern_tool",
+    "govern_tools",
+    "install",
+    "resolve_governor",
+    "stop_error",
+]

@@ -1,1 +1,24 @@
-"""LangChain adapter for loop-governor (see the langchain adapter issue)."""
+"""LangChain / LangGraph adapter for loop-governor.
+
+Thin by design: governance (classification, retries, breakers, budgets, known-bad
+calls, checkpoints) lives in :mod:`loop_governor`; this package only plugs it into
+LangChain's extension points.
+"""
+
+from langchain_governor.callbacks import GovernorCallbackHandler
+from langchain_governor.memory import GovernedChatMessageHistory, make_pre_model_hook
+from langchain_governor.middleware import GovernorMiddleware, GovernorState, MessagePruner
+from langchain_governor.tools import GovernedTool, GovernedToolError, govern_tool, govern_tools
+
+__all__ = [
+    "GovernedChatMessageHistory",
+    "GovernedTool",
+    "GovernedToolError",
+    "GovernorCallbackHandler",
+    "GovernorMiddleware",
+    "GovernorState",
+    "MessagePruner",
+    "govern_tool",
+    "govern_tools",
+    "make_pre_model_hook",
+]

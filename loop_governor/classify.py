@@ -45,6 +45,7 @@ _T, _P, _F = ErrorType.TRANSIENT, ErrorType.PERMANENT, ErrorType.FATAL
 _S_RULE, _S_PROVIDER, _S_STATUS, _S_TYPE, _S_TEXT_STATUS, _S_MESSAGE, _S_GENERIC = 7, 6, 5, 4, 3, 2, 1
 
 _MAX_LINKS = 32
+_STATUS_ATTRS = ("status_code", "status", "http_status", "code", "status_int")
 _MAX_TEXT = 4000
 
 
@@ -178,7 +179,8 @@ for _names, _kind in (
         "chunkedencodingerror deadlineexceeded serviceunavailable toomanyrequests internalservererror "
         "badgateway gatewaytimeout ratelimiterror overloadederror busyloadingerror tryagainerror "
         "clusterdownerror masterdownerror connectionerror cancellederror aborted resourceexhausted "
-        "internalservererror serviceunavailableerror retryerror",
+        "internalservererror serviceunavailableerror retryerror incompletereaderror eoferror "
+        "transferencodingerror contentlengtherror",
         _T,
     ),
     (
@@ -268,6 +270,13 @@ _MSG_PERMANENT = re.compile(
     r"|not permitted|cannot parse|could not parse|unknown (?:command|field|parameter|argument)",
     re.I,
 )
+_MSG_TOO_LARGE = re.compile(r"larger than max|too large|exceeds (?:the )?(?:maximum|max|limit)", re.I)
+# Checked before the transient patterns: "connection failed: FATAL: database x does not
+# exist" is about the database, not the connection.
+_MSG_PERMANENT_FIRST = re.compile(
+    r"does not exist|no such (?:file|table|column|key|bucket|index|database)|unable to open database file",
+    re.I,
+)
 _MSG_STATUS = re.compile(
     r"\b(?:status(?:[ _]code)?|error code|http(?:/\d(?:\.\d)?)?|response code|returned)\s*[:=]?\s*\(?([1-5]\d\d)\b",
     re.I,
@@ -323,8 +332,20 @@ def _safe_str(exc: Any) -> str:
     return text[:_MAX_TEXT]
 
 
+def _is_parser_error(exc: BaseException) -> bool:
+    """aiohttp's HTTP parser errors carry ``code=400`` while *reading a response*."""
+    try:
+        return any(c.__name__ == "HttpProcessingError" for c in type(exc).__mro__)
+    except Exception:
+        return False
+
+
 def _status_of(exc: BaseException) -> int | None:
-    for name in ("status_code", "status", "http_status", "code", "status_int"):
+    # aiohttp: ``.code`` is a deprecated alias of ``.status`` (warns on access) and its
+    # parser errors carry ``code=400`` while reading a *response*: read ``.status`` only.
+    skip_code = _is_parser_error(exc) or isinstance(_get(exc, "status"), int)
+    names = ("status_code", "status", "http_status") if skip_code else _STATUS_ATTRS
+    for name in names:
         status = _as_status(_get(exc, name))
         if status is not None:
             return status
@@ -357,7 +378,11 @@ def _codes_of(exc: BaseException) -> list[str]:
         if isinstance(value, str) and 0 < len(value) <= 80 and not value.isdigit():
             codes.append(value)
 
+    # aiohttp's ``.code`` is a deprecated alias of ``.status`` (warns on access): skip it.
+    skip_code = isinstance(_get(exc, "status"), int)
     for name in ("code", "error_code", "type", "sqlstate", "pgcode"):
+        if skip_code and name == "code":
+            continue
         value = _get(exc, name)
         if callable(value) and name == "code":
             # grpc.RpcError.code() returns a grpc.StatusCode enum member.
@@ -556,10 +581,17 @@ def _link_evidence(exc: BaseException, rules: Sequence[Rule]) -> tuple[_Evidence
         if kind is None and low.startswith(("statuscode.", "status_code.")):
             kind = _CODES.get(low.split(".", 1)[1])
         if kind is not None:
-            # An overloaded / rate-limit code is transient even on a 4xx; a permanent code
-            # on a 5xx (rare) still loses to the status: the server said it failed.
-            if kind is _P and status is not None and _status_kind(status, text) is _T:
-                return _Evidence(_T, _S_STATUS, "status", status, code), status, text
+            # An overloaded / rate-limit code is transient even on a 4xx. A generic
+            # permanent code ("invalid_request_error", "permission_error") yields to a
+            # status that says more: 401 is fatal, 403 naming the API key is fatal, 5xx
+            # is transient.
+            if kind is _P and status is not None:
+                by_status = _status_kind(status, text)
+                if by_status is not _P:
+                    return _Evidence(by_status, _S_STATUS, "status", status, code), status, text
+            if kind is _T and low == "resource_exhausted" and _MSG_TOO_LARGE.search(text):
+                # gRPC reports an oversized message as RESOURCE_EXHAUSTED: no retry helps.
+                return _Evidence(_P, _S_PROVIDER, "code", status, code), status, text
             return _Evidence(kind, _S_PROVIDER, "code", status, code), status, text
         sql = _sqlstate_kind(code) if (_get(exc, "sqlstate") == code or _get(exc, "pgcode") == code) else None
         if sql is not None:
@@ -597,6 +629,8 @@ def _link_evidence(exc: BaseException, rules: Sequence[Rule]) -> tuple[_Evidence
 
     if _MSG_FATAL.search(text):
         return _Evidence(_F, _S_MESSAGE, "message", status, None), status, text
+    if _MSG_PERMANENT_FIRST.search(text):
+        return _Evidence(_P, _S_MESSAGE, "message", status, None), status, text
     if _MSG_TRANSIENT.search(text):
         return _Evidence(_T, _S_MESSAGE, "message", status, None), status, text
     if _MSG_PERMANENT.search(text):

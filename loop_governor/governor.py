@@ -14,6 +14,7 @@ it through framework code; it follows asyncio tasks and can be copied into threa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import json
@@ -21,14 +22,14 @@ import random as _random
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenacity import AsyncRetrying, Retrying
 
-from loop_governor.breaker import Admission, BreakerPolicy, BreakerState, Transition
+from loop_governor.breaker import ADMIT, Admission, BreakerPolicy, BreakerState, Transition
 from loop_governor.classify import ErrorInfo, Rule, classify
 from loop_governor.config import GovernorConfig, ResolvedPolicy
 from loop_governor.errors import (
@@ -46,7 +47,11 @@ from loop_governor.errors import (
 from loop_governor.retry import BreakerRefused, CallAttempts
 from loop_governor.stores import Store, store_from_url
 
+if TYPE_CHECKING:
+    from loop_governor.checkpoint import CheckpointStore, TaskCheckpoint
+
 T = TypeVar("T")
+_MISSING: Any = object()
 
 Subscriber = Callable[[dict[str, Any]], None]
 
@@ -64,6 +69,7 @@ class TaskScope:
 
     __slots__ = (
         "_token",
+        "checkpoint",
         "governor",
         "known_bad",
         "model_calls",
@@ -83,6 +89,7 @@ class TaskScope:
         self.known_bad = 0
         self.results: list[Any] = []
         self.started_at = 0.0
+        self.checkpoint: TaskCheckpoint | None = None
         self._token: Token[TaskScope | None] | None = None
 
     # Both context-manager protocols: ``with g.task(...)`` and ``async with g.task(...)``.
@@ -91,6 +98,14 @@ class TaskScope:
             raise RuntimeError(f"task scope {self.task_id!r} is already entered")
         self.started_at = self.governor.clock()
         self.known_bad = self.governor.store.known_bad_count(self.task_id)
+        checkpoints = self.governor.checkpoints
+        if checkpoints is not None:
+            # Resume: completed calls, known-bad calls and sub-results come back.
+            from loop_governor.checkpoint import TaskCheckpoint  # optional feature, loaded on demand
+
+            self.checkpoint = checkpoints.load(self.task_id) or TaskCheckpoint(task_id=self.task_id)
+            self.results = self.checkpoint.results
+            self.steps = self.checkpoint.step
         self._token = _SCOPE.set(self)
         self.governor.emit("task_start")
         return self
@@ -115,7 +130,12 @@ class TaskScope:
 
     def add_result(self, value: Any) -> None:
         """Keep a sub-task result: delivered with BudgetExhaustedError if the task is cut short."""
-        self.results.append(value)
+        cp = self.checkpoint
+        if cp is None:
+            self.results.append(value)
+            return
+        cp.add_result(value)  # JSON-checked, redacted; then saved so a resume has it
+        self.governor.save_checkpoint(self)
 
 
 class Governor:
@@ -131,6 +151,7 @@ class Governor:
         asleep: Callable[[float], Awaitable[None]] | None = None,
         random: Callable[[], float] | None = None,
         rules: list[Rule] | tuple[Rule, ...] = (),
+        checkpoint_store: CheckpointStore | None = None,
     ) -> None:
         self.config = config if config is not None else GovernorConfig()
         self.store: Store = store if store is not None else store_from_url(self.config.store_url)
@@ -146,6 +167,11 @@ class Governor:
         self._subscribers: list[Subscriber] = []
         self._emitting = False
         self.sink_failures = 0
+        if checkpoint_store is None and self.config.checkpoint_url:
+            from loop_governor.checkpoint import checkpoint_store_from_url  # optional feature
+
+            checkpoint_store = checkpoint_store_from_url(self.config.checkpoint_url)
+        self.checkpoints: CheckpointStore | None = checkpoint_store
         if self.config.trace_path:
             from loop_governor import trace
 
@@ -195,6 +221,21 @@ class Governor:
     @staticmethod
     def current_task() -> TaskScope | None:
         return _SCOPE.get()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def attach(scope: TaskScope) -> Iterator[TaskScope]:
+        """Make an already-open task scope current again, without starting or ending it.
+
+        Frameworks run each step in a context of their own (LangGraph nodes, crewAI
+        worker threads); an adapter keeps one open scope per run and attaches it to
+        each step, so budgets and known-bad memory span the whole run.
+        """
+        token = _SCOPE.set(scope)
+        try:
+            yield scope
+        finally:
+            _SCOPE.reset(token)
 
     def count_step(self, kind: str = "model") -> None:
         """Count a model (or other) step against the task's ``max_steps``."""
@@ -278,14 +319,49 @@ class Governor:
 
     def _precheck(
         self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[TaskScope | None, ResolvedPolicy, Admission, str | None]:
-        """Everything before the first attempt (shared by call and acall)."""
+    ) -> tuple[TaskScope | None, ResolvedPolicy, Admission, str | None, Any]:
+        """Everything before the first attempt (shared by call and acall).
+
+        The last item is the result an earlier run of the task stored for this call
+        (resume), or ``_MISSING`` when the call must run.
+        """
         scope = _SCOPE.get()
         policy = self._policies.get(tool) or self.policy(tool)
         key: str | None = None
         if scope is not None:
-            if scope.known_bad:
+            cp = scope.checkpoint
+            if cp is not None:
                 key = call_key(tool, args, kwargs)
+                found, value = cp.get_result(key)
+                if found:
+                    self.emit(
+                        "tool_call",
+                        tool=tool,
+                        status="ok",
+                        error_type=None,
+                        signature=None,
+                        attempts=0,
+                        duration_s=0.0,
+                        call_key=key,
+                        resumed=True,
+                    )
+                    return scope, policy, ADMIT, key, value
+                failure = cp.get_failure(key)
+                if failure is not None:
+                    self.emit(
+                        "tool_call",
+                        tool=tool,
+                        status="error",
+                        error_type=failure.error_type.value,
+                        signature=failure.signature,
+                        attempts=0,
+                        duration_s=0.0,
+                        call_key=key,
+                        known_bad=True,
+                    )
+                    raise self._guard_repeats(scope, failure) or error_from_info(failure)
+            if scope.known_bad:
+                key = key or call_key(tool, args, kwargs)
                 stored = self.store.known_bad_get(scope.task_id, key)
                 if stored is not None:
                     # Same bytes as the first time (prompt cache), unless the model keeps
@@ -322,13 +398,23 @@ class Governor:
                 circuit_open=True,
             )
             raise self._guard_repeats(scope, err.info) or err
-        return scope, policy, admission, key
+        return scope, policy, admission, key, _MISSING
 
     def _succeeded(
-        self, tool: str, policy: ResolvedPolicy, admission: Admission, started: float, attempts: int, key: str | None
+        self,
+        tool: str,
+        policy: ResolvedPolicy,
+        admission: Admission,
+        started: float,
+        attempts: int,
+        key: str | None,
+        scope: TaskScope | None,
+        result: Any,
     ) -> None:
         if admission.dirty:
             self.record_breaker(tool, True, admission.probe, policy)
+        if scope is not None and scope.checkpoint is not None and key is not None:
+            self._checkpoint_success(scope, scope.checkpoint, key, result)
         if self._emitting:
             self.emit(
                 "tool_call",
@@ -343,7 +429,9 @@ class Governor:
 
     def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` governed; returns its value or raises AgentToolError."""
-        scope, policy, admission, key = self._precheck(tool, args, kwargs)
+        scope, policy, admission, key, stored = self._precheck(tool, args, kwargs)
+        if stored is not _MISSING:
+            return stored  # type: ignore[no-any-return]
         started = self.clock() if self._emitting else 0.0
         try:
             result = fn(*args, **kwargs)
@@ -357,17 +445,19 @@ class Governor:
                 raise self._failed(attempts, args, kwargs, key, started, refused.admission) from attempts.last_exc
             except Exception as final:
                 raise self._failed(attempts, args, kwargs, key, started, None) from final
-            self._succeeded(tool, policy, attempts.admission, started, attempts.attempts + 1, key)
+            self._succeeded(tool, policy, attempts.admission, started, attempts.attempts + 1, key, scope, result)
             return result
-        if admission.dirty or self._emitting:
-            self._succeeded(tool, policy, admission, started, 1, key)
+        if admission.dirty or self._emitting or key is not None:
+            self._succeeded(tool, policy, admission, started, 1, key, scope, result)
         return result
 
     async def acall(
         self, tool: str, fn: Callable[..., Awaitable[T]] | Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> T:
         """Async twin of :meth:`call` (same decisions; tenacity's AsyncRetrying sleeps)."""
-        scope, policy, admission, key = self._precheck(tool, args, kwargs)
+        scope, policy, admission, key, stored = self._precheck(tool, args, kwargs)
+        if stored is not _MISSING:
+            return stored  # type: ignore[no-any-return]
         started = self.clock() if self._emitting else 0.0
 
         async def run(*a: Any, **kw: Any) -> Any:
@@ -385,10 +475,10 @@ class Governor:
                 raise self._failed(attempts, args, kwargs, key, started, refused.admission) from attempts.last_exc
             except Exception as final:
                 raise self._failed(attempts, args, kwargs, key, started, None) from final
-            self._succeeded(tool, policy, attempts.admission, started, attempts.attempts + 1, key)
+            self._succeeded(tool, policy, attempts.admission, started, attempts.attempts + 1, key, scope, result)
             return result  # type: ignore[no-any-return]
-        if admission.dirty or self._emitting:
-            self._succeeded(tool, policy, admission, started, 1, key)
+        if admission.dirty or self._emitting or key is not None:
+            self._succeeded(tool, policy, admission, started, 1, key, scope, result)
         return result  # type: ignore[no-any-return]
 
     # -- failure outcome -----------------------------------------------------------------
@@ -461,15 +551,59 @@ class Governor:
             stop_reason=attempts.stop_reason,
         )
         if info.error_type is ErrorType.FATAL:
+            if scope is not None and scope.checkpoint is not None:
+                self.save_checkpoint(scope)  # the run stops here: keep what it did
             return FatalError(governed)
         if info.error_type is ErrorType.PERMANENT and scope is not None:
             key = key or call_key(tool, args, kwargs)
             self.store.known_bad_put(scope.task_id, key, governed.model_dump_json())
             scope.known_bad += 1
+            if scope.checkpoint is not None:
+                scope.checkpoint.record_failure(key, governed)
+                self.save_checkpoint(scope)
         loop = self._guard_repeats(scope, governed)
         if loop is not None:
             return loop
         return PermanentError(governed) if info.error_type is ErrorType.PERMANENT else TransientError(governed)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _checkpoint_success(self, scope: TaskScope, cp: TaskCheckpoint, key: str, result: Any) -> None:
+        from loop_governor.checkpoint import CheckpointSerializationError
+
+        try:
+            cp.record_success(key, result)
+        except CheckpointSerializationError as exc:
+            # The call succeeded; failing the agent because its result isn't JSON would
+            # be worse than not skipping it on resume. Say so in the trace instead.
+            self.emit("checkpoint_skipped", call_key=key, reason=str(exc))
+            return
+        self.save_checkpoint(scope)
+
+    def save_checkpoint(self, scope: TaskScope) -> None:
+        """Save the task's checkpoint atomically; on a concurrent writer, merge and retry once."""
+        cp, store = scope.checkpoint, self.checkpoints
+        if cp is None or store is None:
+            return
+        from loop_governor.checkpoint import CheckpointConflictError
+
+        cp.step = max(cp.step, scope.steps)
+        try:
+            version = store.save(cp)
+        except CheckpointConflictError:
+            latest = store.load(scope.task_id)
+            if latest is None:
+                version = store.save(cp, force=True)
+            else:
+                # Another writer of the same task: keep both sides' completed work.
+                latest.completed.update(cp.completed)
+                latest.known_bad.update(cp.known_bad)
+                latest.results.extend(cp.results[len(latest.results) :])
+                latest.step = max(latest.step, cp.step)
+                version = store.save(latest)
+                scope.checkpoint = latest
+                scope.results = latest.results
+        self.emit("checkpoint_saved", version=version, step=scope.steps)
 
     def _guard_repeats(self, scope: TaskScope | None, info: GovernedError) -> LoopDetectedError | None:
         """Same tool, same error signature, N times in one task: tell the model to stop."""

@@ -1,0 +1,130 @@
+"""How a governed failure travels through crewAI: returned as text, or raised as a stop.
+
+crewAI 1.15 swallows every ``Exception`` a tool raises. The native function-calling path
+turns it into "Error executing tool: ..." and the ReAct path re-runs the tool up to six
+times with no backoff before doing the same. So a governed tool never raises:
+
+* a transient or permanent failure is *returned* as a :class:`GovernedToolFailure`, a
+  crewAI ``ToolFailure`` whose message is the governor's compact JSON. crewAI records it
+  (``TaskOutput.tool_failures``, ``ToolFailureDetectedEvent``), the model reads the JSON,
+  and crewAI's own retry loop never starts;
+* a fatal failure is returned the same way, carrying the ``lg.FatalError``; a global
+  ``after_tool_call`` hook (:func:`ensure_fatal_relay`) then raises it again as a
+  ``HookAborted``. ``HookAborted`` is the one exception crewAI passes through its
+  tool, executor, agent-retry and crew layers untouched (agent/core.py keeps it out of
+  the ``max_retry_limit`` loop), so the run stops. The raised object is also an instance
+  of the original fatal class, so ``except lg.FatalError`` around ``crew.kickoff()``
+  catches it with ``.info`` intact.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from crewai.hooks.dispatch import HookAborted, InterceptionPoint, get_global_hook_list, register
+from crewai.tools.tool_failure import ToolFailure, ToolFailureReason
+from pydantic import PrivateAttr
+
+import loop_governor as lg
+
+__all__ = ["GovernedToolFailure", "ensure_fatal_relay", "failure_from_error", "stop_error"]
+
+
+class GovernedToolFailure(ToolFailure):
+    """A ``ToolFailure`` produced by the governor.
+
+    ``message`` is exactly ``GovernedError.to_model_text()`` and ``code`` stays empty, so
+    the text the model reads is the governor's byte-stable JSON (crewAI would append
+    "(code: ...)" otherwise). ``details`` holds the same fields as a dict for consumers of
+    ``TaskOutput.tool_failures``. ``fatal`` is set when the run must stop.
+    """
+
+    _fatal: lg.FatalError | None = PrivateAttr(default=None)
+
+    @property
+    def fatal(self) -> lg.FatalError | None:
+        return self._fatal
+
+    @property
+    def error_type(self) -> str:
+        return str(self.details.get("error_type", ""))
+
+    def raise_if_fatal(self) -> None:
+        """Re-raise the fatal error, for callers that ran the tool outside a crew."""
+        if self._fatal is not None:
+            raise self._fatal
+
+
+def failure_from_error(exc: lg.AgentToolError) -> GovernedToolFailure:
+    """The ``ToolFailure`` a governed tool returns for ``exc``."""
+    info = exc.info
+    failure = GovernedToolFailure(
+        message=info.to_model_text(),
+        reason=ToolFailureReason.TOOL_REPORTED,
+        retryable=info.retryable,
+        details=info.model_dump(mode="json"),
+    )
+    if isinstance(exc, lg.FatalError):
+        failure._fatal = exc
+    return failure
+
+
+_stop_classes: dict[type[lg.FatalError], type[lg.FatalError]] = {}
+_stop_lock = threading.Lock()
+
+
+def _stop_class(cls: type[lg.FatalError]) -> type[lg.FatalError]:
+    with _stop_lock:
+        stop_cls = _stop_classes.get(cls)
+        if stop_cls is None:
+            # Both bases are plain Exception subclasses, so the layouts are compatible;
+            # the MRO runs AgentToolError.__init__ then HookAborted.__init__ via super().
+            stop_cls = type(
+                cls.__name__,
+                (cls, HookAborted),
+                {
+                    "__module__": __name__,
+                    "__doc__": f"{cls.__name__} raised through crewAI as a HookAborted stop.",
+                },
+            )
+            _stop_classes[cls] = stop_cls
+        return stop_cls
+
+
+def stop_error(exc: lg.FatalError) -> lg.FatalError:
+    """``exc`` as an object that is both its own fatal class and a crewAI ``HookAborted``."""
+    if isinstance(exc, HookAborted):
+        return exc
+    stop_cls = _stop_class(type(exc))
+    stop: Any = Exception.__new__(stop_cls, *exc.args)
+    stop.__dict__.update(exc.__dict__)  # .info, and e.g. BudgetExhaustedError.partial_results
+    stop.reason = exc.info.to_model_text()
+    stop.source = "loop_governor"
+    stop.__cause__ = exc
+    result: lg.FatalError = stop.with_traceback(exc.__traceback__)
+    return result
+
+
+def _relay_fatal(context: Any) -> None:
+    """Global ``after_tool_call`` hook: turn a returned fatal failure into a run stop."""
+    raw = getattr(context, "raw_tool_result", None)
+    if isinstance(raw, GovernedToolFailure) and raw.fatal is not None:
+        raise stop_error(raw.fatal)
+
+
+_relay_lock = threading.Lock()
+
+
+def ensure_fatal_relay() -> None:
+    """Register :func:`_relay_fatal` globally unless it is registered already.
+
+    Checked again on every fatal outcome, so a test suite's ``clear_all_global_hooks()``
+    between runs cannot silently downgrade a fatal error into model-facing text.
+    """
+    hooks = get_global_hook_list(InterceptionPoint.POST_TOOL_CALL)
+    if _relay_fatal in hooks:
+        return
+    with _relay_lock:
+        if _relay_fatal not in hooks:
+            register(InterceptionPoint.POST_TOOL_CALL, _relay_fatal)

@@ -1,0 +1,377 @@
+"""crewAI LLM-call and tool-call hooks that put the governor in the loop.
+
+What each hook does and why it lives there (crewAI 1.15 semantics, see INTEGRATION.md):
+
+* before_llm_call -- counts a model step (``governor.count_step``: step budgets) and
+  prunes ``context.messages`` *in place*. That list object is what the LLM receives;
+  rebinding ``context.messages`` is ignored by crewAI. The pruned list also replaces the
+  executor's history, which is what a cache-aware pruner expects (its edits move in
+  batches, so the prefix stays byte-identical between batches).
+* after_llm_call -- runs only on text answers (crewAI skips it for tool-call payloads);
+  emits a ``response`` event.
+* before_tool_call -- refuses a call whose tool breaker is open, before crewAI emits its
+  tool events or touches its cache; crewAI only lets a hook block with a fixed
+  "Tool execution blocked by hook" text, so the structured error is parked and
+* after_tool_call -- swaps that text for the governor's JSON and records the refusal as
+  a crewAI ToolFailure (crewAI records none for a blocked call).
+* execution_start / execution_end -- open a governor task per crew kickoff (unless one is
+  open already), because known-bad calls, the retry budget, the step budget and the
+  repeated-error guard are per governor task; without one every call is its own task
+  and a 404 could be called again and again. crewAI dispatches execution_end on the
+  failure path too, in the same context as execution_start, so the scope always closes.
+
+Hooks run on crewAI worker threads (parallel native tool calls use a thread pool), so
+shared state here is behind locks. Exceptions other than ``HookAborted`` raised in a hook
+are swallowed by crewAI, so a fatal governor error (e.g. a step budget) is re-raised as
+a ``HookAborted`` stop (:func:`crewai_governor.failures.stop_error`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Protocol
+
+from crewai.hooks.dispatch import (
+    HookAborted,
+    HookFn,
+    InterceptionPoint,
+    get_scoped_hooks,
+    register,
+    register_scoped,
+    scoped_hooks,
+    unregister,
+)
+from crewai.tools.tool_failure import ToolExecutionFailedError, handle_tool_failure
+
+import loop_governor as lg
+from crewai_governor._default import resolve_governor
+from crewai_governor.failures import ensure_fatal_relay, failure_from_error, stop_error
+from crewai_governor.tools import GovernedTool
+from loop_governor.context.tokens import approx_tokens
+from loop_governor.context.view import ASSISTANT, TOOL, codec_for
+
+__all__ = ["GovernorHooks", "Installation", "MessagePruner", "install"]
+
+BLOCKED_PREFIX = "Tool execution blocked by hook"
+_MAX_RESPONSE_CHARS = 2000
+
+
+class MessagePruner(Protocol):
+    """What the hooks need from a pruner (``loop_governor.context.ContextPruner``)."""
+
+    def prune(self, messages: list[Any]) -> list[Any]: ...
+
+
+def _count_tokens(messages: list[Any]) -> int:
+    return sum(approx_tokens(m) for m in messages)
+
+
+def _tool_links(messages: list[Any]) -> tuple[list[str], list[str | None]]:
+    """Tool-call ids the assistant messages issued, and the ids tool results answer."""
+    calls: list[str] = []
+    results: list[str | None] = []
+    for m in messages:
+        codec = codec_for(m)
+        role = codec.role(m)
+        if role == ASSISTANT:
+            calls.extend(c.id for c in codec.tool_calls(m) if c.id is not None)
+        elif role == TOOL:
+            results.append(codec.tool_call_id(m))
+    return calls, results
+
+
+def _pairs_intact(before: list[Any], after: list[Any]) -> bool:
+    """True when ``after`` orphans no tool result and drops no answer to a kept call.
+
+    ReAct conversations carry no tool-call ids and always pass.
+    """
+    _, answered_before = _tool_links(before)
+    calls, results = _tool_links(after)
+    issued = set(calls)
+    if any(r is None or r not in issued for r in results):
+        return False
+    answered = set(results)
+    return all(c in answered for c in calls if c in set(answered_before))
+
+
+class GovernorHooks:
+    """The four hook callables for one governor; register them with :func:`install`.
+
+    ``pruner`` is shared by every conversation (fine for a stateless pruner or a crew
+    with one agent); ``pruner_factory`` builds one pruner per agent executor, which is
+    what a stateful, cache-aware pruner needs when several agents or tasks run.
+    """
+
+    def __init__(
+        self,
+        governor: lg.Governor,
+        *,
+        pruner: MessagePruner | None = None,
+        pruner_factory: Callable[[], MessagePruner] | None = None,
+        count_steps: bool = True,
+        block_open_breakers: bool = True,
+    ) -> None:
+        if pruner is not None and pruner_factory is not None:
+            raise ValueError("pass pruner or pruner_factory, not both")
+        self.governor = governor
+        self._pruner = pruner
+        self._pruner_factory = pruner_factory
+        self._count_steps = count_steps
+        self._block_open_breakers = block_open_breakers
+        self._lock = threading.Lock()
+        # one pruner (and one lock, since a pruner is stateful) per executor / conversation
+        self._pruners: weakref.WeakKeyDictionary[Any, tuple[MessagePruner, threading.Lock]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._shared_prune_lock = threading.Lock()
+        # structured errors for calls blocked in before_tool_call, keyed by the identity of
+        # the tool_input dict (the same object reaches the after hook on every path)
+        self._blocked: dict[int, tuple[dict[str, Any], lg.CircuitOpenError]] = {}
+        # governor task scopes this object opened, per crew kickoff in flight
+        self._crew_scopes: dict[int, tuple[Any, lg.TaskScope]] = {}
+
+    # -- LLM calls --------------------------------------------------------------------
+    def before_llm_call(self, context: Any) -> None:
+        if self._count_steps:
+            try:
+                self.governor.count_step("model")
+            except lg.FatalError as exc:
+                raise stop_error(exc) from exc
+        pruner, lock = self._pruner_for(context)
+        if pruner is None or lock is None:
+            return
+        messages = context.messages
+        with lock:
+            before = list(messages)
+            pruned = pruner.prune(before)
+        if len(pruned) == len(before) and all(a is b for a, b in zip(pruned, before, strict=True)):
+            return
+        if not _pairs_intact(before, pruned):
+            # A provider rejects a tool result without its call (and vice versa): sending
+            # the unpruned list is always safe, sending a broken one fails the run.
+            self.governor.emit(
+                "pruning_rejected",
+                reason="orphaned tool call or result",
+                messages_before=len(before),
+                messages_after=len(pruned),
+            )
+            return
+        messages[:] = pruned  # in place: crewAI sends this very list object
+        self.governor.emit(
+            "pruning",
+            tokens_before=_count_tokens(before),
+            tokens_after=_count_tokens(pruned),
+            messages_before=len(before),
+            messages_after=len(pruned),
+        )
+
+    def _pruner_for(self, context: Any) -> tuple[MessagePruner | None, threading.Lock | None]:
+        if self._pruner is not None:
+            return self._pruner, self._shared_prune_lock
+        if self._pruner_factory is None:
+            return None, None
+        owner = getattr(context, "executor", None)
+        if owner is None:
+            # a direct LLM call with no executor: no conversation to keep state for
+            return self._pruner_factory(), threading.Lock()
+        with self._lock:
+            entry = self._pruners.get(owner)
+            if entry is None:
+                entry = (self._pruner_factory(), threading.Lock())
+                self._pruners[owner] = entry
+            return entry
+
+    def after_llm_call(self, context: Any) -> None:
+        response = getattr(context, "response", None)
+        if not isinstance(response, str):
+            return
+        agent = getattr(context, "agent", None)
+        self.governor.emit(
+            "response",
+            text=lg.redact(response)[:_MAX_RESPONSE_CHARS],
+            agent_role=getattr(agent, "role", None),
+            iterations=getattr(context, "iterations", None),
+        )
+
+    # -- tool calls -------------------------------------------------------------------
+    def before_tool_call(self, context: Any) -> bool | None:
+        if not self._block_open_breakers:
+            return None
+        tool = getattr(context, "tool", None)
+        original = getattr(tool, "_original_tool", None)
+        governed = original if isinstance(original, GovernedTool) else tool
+        if not isinstance(governed, GovernedTool) or governed.governor is not self.governor:
+            return None
+        try:
+            self.governor.check_breaker(governed.name)
+        except lg.CircuitOpenError as refusal:
+            tool_input = context.tool_input
+            self.governor.emit(
+                "tool_call",
+                tool=governed.name,
+                status="error",
+                error_type="transient",
+                signature=refusal.info.signature,
+                attempts=0,
+                duration_s=0.0,
+                call_key=None,
+                circuit_open=True,
+                blocked_by_hook=True,
+            )
+            with self._lock:
+                self._blocked[id(tool_input)] = (tool_input, refusal)
+            return False  # crewAI: "blocked"; after_tool_call puts the structured error in
+        return None
+
+    def after_tool_call(self, context: Any) -> str | None:
+        if not self._blocked:
+            return None
+        with self._lock:
+            entry = self._blocked.pop(id(context.tool_input), None)
+        if entry is None or entry[0] is not context.tool_input:
+            return None
+        result = context.tool_result
+        if not (isinstance(result, str) and result.startswith(BLOCKED_PREFIX)):
+            return None
+        refusal = entry[1]
+        # crewAI records no failure for a blocked call; record it as the governed tool
+        # would have, so TaskOutput.tool_failures and the failure policy see every refusal.
+        try:
+            handle_tool_failure(
+                failure_from_error(refusal),
+                tool_name=context.tool_name,
+                tool_args=context.tool_input,
+                tool=context.tool,
+                agent=context.agent,
+                task=context.task,
+                crew=context.crew,
+            )
+        except ToolExecutionFailedError as exc:
+            # policy RAISE; only HookAborted gets through crewAI's hook dispatcher
+            raise HookAborted(str(exc), source="loop_governor") from exc
+        return refusal.info.to_model_text()
+
+    # -- crew kickoff boundaries -------------------------------------------------------
+    def execution_start(self, context: Any) -> None:
+        crew = getattr(context, "crew", None)
+        if crew is None or self.governor.current_task() is not None:
+            return
+        scope = self.governor.task(f"crewai-crew-{getattr(crew, 'id', id(crew))}")
+        scope.__enter__()
+        with self._lock:
+            self._crew_scopes[id(crew)] = (crew, scope)
+
+    def execution_end(self, context: Any) -> None:
+        crew = getattr(context, "crew", None)
+        if crew is None:
+            return
+        with self._lock:
+            entry = self._crew_scopes.pop(id(crew), None)
+        if entry is not None and entry[0] is crew:
+            entry[1].__exit__(None, None, None)
+
+    def callables(self) -> dict[InterceptionPoint, HookFn]:
+        return {
+            InterceptionPoint.EXECUTION_START: self.execution_start,
+            InterceptionPoint.EXECUTION_END: self.execution_end,
+            InterceptionPoint.PRE_MODEL_CALL: self.before_llm_call,
+            InterceptionPoint.POST_MODEL_CALL: self.after_llm_call,
+            InterceptionPoint.PRE_TOOL_CALL: self.before_tool_call,
+            InterceptionPoint.POST_TOOL_CALL: self.after_tool_call,
+        }
+
+
+class Installation:
+    """The hooks of one :func:`install` call; a context manager.
+
+    Scoped: hooks are registered on ``__enter__`` into a crewAI hook scope (a contextvar
+    that crewAI's worker threads inherit) and vanish on ``__exit__``, so two crews in one
+    process can run under different governors. Global: hooks are registered at once and
+    removed by :meth:`uninstall` or ``__exit__``.
+    """
+
+    def __init__(self, hooks: GovernorHooks, *, scoped: bool, task_id: str | None) -> None:
+        self.hooks = hooks
+        self.scoped = scoped
+        self.task_id = task_id
+        self._stack: contextlib.ExitStack | None = None
+        self._global = False
+        if not scoped:
+            for point, fn in hooks.callables().items():
+                register(point, fn)
+            self._global = True
+
+    def __enter__(self) -> Installation:
+        stack = contextlib.ExitStack()
+        if self.scoped:
+            # Carry over hooks an enclosing scope registered: scoped_hooks() starts empty.
+            inherited = {point: get_scoped_hooks(point) for point in InterceptionPoint}
+            stack.enter_context(scoped_hooks({p: h for p, h in inherited.items() if h}))
+            for point, fn in self.hooks.callables().items():
+                register_scoped(point, fn)
+        if self.task_id is not None:
+            stack.enter_context(self.hooks.governor.task(self.task_id))
+        self._stack = stack
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.__exit__(exc_type, exc, tb)
+        self.uninstall()
+
+    async def __aenter__(self) -> Installation:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def uninstall(self) -> None:
+        """Remove globally registered hooks (no-op for scoped ones)."""
+        if self._global:
+            for point, fn in self.hooks.callables().items():
+                unregister(point, fn)
+            self._global = False
+
+
+def install(
+    governor: lg.Governor | None = None,
+    *,
+    pruner: MessagePruner | None = None,
+    pruner_factory: Callable[[], MessagePruner] | None = None,
+    scoped: bool = True,
+    task_id: str | None = None,
+    count_steps: bool = True,
+    block_open_breakers: bool = True,
+) -> Installation:
+    """Register the governor's crewAI hooks.
+
+    ``scoped=True`` (default): use as ``with install(g): crew.kickoff()`` (or around
+    ``await crew.akickoff()``); the hooks apply to that run only. ``scoped=False``:
+    process-wide until ``.uninstall()``. Each crew kickoff runs in a governor task of its
+    own unless one is open already; ``task_id`` opens ``governor.task(task_id)`` for the
+    ``with`` block instead, so budgets and known-bad calls span several kickoffs.
+    """
+    ensure_fatal_relay()
+    hooks = GovernorHooks(
+        resolve_governor(governor),
+        pruner=pruner,
+        pruner_factory=pruner_factory,
+        count_steps=count_steps,
+        block_open_breakers=block_open_breakers,
+    )
+    return Installation(hooks, scoped=scoped, task_id=task_id)

@@ -1,0 +1,203 @@
+"""Governed crewAI tools: the same tool to the model, governed calls underneath.
+
+``govern_tool(tool)`` returns a :class:`GovernedTool` with the wrapped tool's name,
+description, argument schema, result schema and flags, so the prompt (ReAct text) and the
+function schema (native calls) are unchanged. Each call goes through
+``governor.call`` (retries with backoff, breaker, known-bad calls, budgets). A governed
+failure comes back as a :class:`~crewai_governor.failures.GovernedToolFailure` instead of
+an exception -- see :mod:`crewai_governor.failures` for why.
+
+Per-task governance (known-bad calls, budgets, the repeated-error guard) needs a governor
+task scope: ``with install(g):`` opens one per crew kickoff, or open ``g.task(...)``
+yourself around ``kickoff``. Without one, every call is a task of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from crewai.tools.base_tool import BaseTool, Tool
+from crewai.tools.structured_tool import CrewStructuredTool
+from crewai.tools.tool_failure import ToolFailure
+from crewai.utilities.string_utils import sanitize_tool_name
+from pydantic import PrivateAttr
+
+import loop_governor as lg
+from crewai_governor._default import resolve_governor
+from crewai_governor.failures import ensure_fatal_relay, failure_from_error
+
+__all__ = ["GovernedStructuredTool", "GovernedTool", "govern_tool", "govern_tools", "is_governed_name"]
+
+# Sanitized names of every governed tool, so the event listener can skip crewAI's tool
+# events for calls the governor already reports (no double counting).
+_governed_names: set[str] = set()
+
+
+def is_governed_name(tool_name: str) -> bool:
+    """Whether a tool of this (sanitized) name was wrapped by :func:`govern_tool`."""
+    return sanitize_tool_name(tool_name) in _governed_names
+
+
+def cache_unless_failure(_args: Any = None, result: Any = None) -> bool:
+    """crewAI ``cache_function``: never cache a failure.
+
+    With ``Crew(cache=True)`` crewAI caches every result by (tool, input), including
+    ``ToolFailure`` results, so one transient 503 would be replayed for the rest of the
+    run without reaching the service again. Module-level so crewAI can serialize it.
+    """
+    return not isinstance(result, ToolFailure)
+
+
+class GovernedStructuredTool(CrewStructuredTool):
+    """The structured form crewAI's ReAct path runs.
+
+    crewAI's ``ainvoke`` runs a sync tool with ``loop.run_in_executor``, which drops
+    contextvars: the governor's task scope and crewAI's current task id would vanish
+    under ``akickoff``. ``asyncio.to_thread`` copies the context.
+    """
+
+    async def ainvoke(self, input: str | dict[str, Any], config: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self.invoke, input, config, **kwargs)
+
+
+class GovernedTool(BaseTool):
+    """A crewAI tool whose calls run through a :class:`loop_governor.Governor`.
+
+    The governor and the wrapped tool are private attributes, so the tool's public
+    fields (what crewAI renders, validates and serializes) are exactly the wrapped one's.
+    """
+
+    _inner: BaseTool = PrivateAttr()
+    _governor: lg.Governor = PrivateAttr()
+
+    @property
+    def inner(self) -> BaseTool:
+        """The wrapped tool."""
+        return self._inner
+
+    @property
+    def governor(self) -> lg.Governor:
+        return self._governor
+
+    # -- sync: what crewAI calls (native path: tool.run; ReAct path: structured invoke)
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._governor.call(self.name, self._call_inner, *args, **kwargs)
+        except lg.AgentToolError as exc:
+            return self._failure(exc)
+
+    def _call_inner(self, *args: Any, **kwargs: Any) -> Any:
+        # Same semantics as BaseTool.run minus validation and usage counting, which the
+        # wrapper already did: an async tool's coroutine is driven to completion here.
+        result = self._inner._run(*args, **kwargs)
+        if inspect.iscoroutine(result):
+            result = asyncio.run(result)
+        return result
+
+    # -- async: for callers that await tool.arun(); crewAI 1.15 itself never does
+    async def _arun(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if self._inner_is_async():
+                return await self._governor.acall(self.name, self._acall_inner, *args, **kwargs)
+            return await self._governor.acall(self.name, self._acall_inner_in_thread, *args, **kwargs)
+        except lg.AgentToolError as exc:
+            return self._failure(exc)
+
+    def _inner_is_async(self) -> bool:
+        inner = self._inner
+        if isinstance(inner, Tool):
+            return inspect.iscoroutinefunction(inner.func)
+        return type(inner)._arun is not BaseTool._arun
+
+    async def _acall_inner(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._inner._arun(*args, **kwargs)
+
+    async def _acall_inner_in_thread(self, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self._call_inner, *args, **kwargs)
+
+    def _failure(self, exc: lg.AgentToolError) -> ToolFailure:
+        if isinstance(exc, lg.FatalError):
+            ensure_fatal_relay()
+        return failure_from_error(exc)
+
+    def format_output_for_agent(self, raw_result: Any) -> str:
+        """Delegate success formatting to the wrapped tool (its result schema, overrides)."""
+        if isinstance(raw_result, ToolFailure):
+            return raw_result.as_agent_message()
+        return self._inner.format_output_for_agent(raw_result)
+
+    def to_structured_tool(self) -> CrewStructuredTool:
+        self._set_args_schema()
+        structured = GovernedStructuredTool(
+            name=self.name,
+            description=self.description,
+            args_schema=self.args_schema,
+            result_schema=self.result_schema,
+            func=self._run,
+            result_as_answer=self.result_as_answer,
+            max_usage_count=self.max_usage_count,
+            current_usage_count=self.current_usage_count,
+            cache_function=self.cache_function,
+            tool_failure_policy=self.tool_failure_policy,
+        )
+        structured._original_tool = self
+        return structured
+
+
+def _cache_function_for(inner: BaseTool) -> Callable[..., bool]:
+    inner_cache = inner.cache_function
+    if getattr(inner_cache, "__name__", "") == "_default_cache_function":
+        return cache_unless_failure
+
+    def cache_unless_failure_then_inner(args: Any = None, result: Any = None) -> bool:
+        return cache_unless_failure(args, result) and bool(inner_cache(args, result))
+
+    return cache_unless_failure_then_inner
+
+
+def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> GovernedTool:
+    """Wrap one crewAI tool (a ``BaseTool`` subclass instance or an ``@tool`` function).
+
+    ``governor=None`` uses the process-wide default governor. Wrapping a tool that is
+    already governed by the same governor returns it unchanged; by another governor,
+    re-wraps the original tool.
+    """
+    gov = resolve_governor(governor)
+    if isinstance(tool, GovernedTool):
+        if tool.governor is gov:
+            return tool
+        tool = tool.inner
+    if not isinstance(tool, BaseTool):
+        raise TypeError(f"govern_tool expects a crewai BaseTool (or an @tool function), got {type(tool).__name__}")
+    with warnings.catch_warnings():
+        # A closure cache_function can't be checkpointed by crewAI; the wrapped tool's
+        # own one is kept, so the wrapper adds no new restriction.
+        warnings.simplefilter("ignore", UserWarning)
+        governed = GovernedTool(
+            name=tool.name,
+            description=tool.description,
+            env_vars=list(tool.env_vars),
+            args_schema=tool.args_schema,
+            result_schema=tool.result_schema,
+            description_updated=tool.description_updated,
+            cache_function=_cache_function_for(tool),
+            result_as_answer=tool.result_as_answer,
+            max_usage_count=tool.max_usage_count,
+            tool_failure_policy=tool.tool_failure_policy,
+            current_usage_count=tool.current_usage_count,
+        )
+    governed._inner = tool
+    governed._governor = gov
+    _governed_names.add(sanitize_tool_name(tool.name))
+    ensure_fatal_relay()
+    return governed
+
+
+def govern_tools(tools: Iterable[BaseTool], governor: lg.Governor | None = None) -> list[GovernedTool]:
+    """:func:`govern_tool` for each tool, all sharing one governor."""
+    gov = resolve_governor(governor)
+    return [govern_tool(t, gov) for t in tools]

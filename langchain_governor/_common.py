@@ -1,0 +1,135 @@
+"""Small helpers shared by the LangChain adapter modules.
+
+Kept here so the tool wrapper, the middleware and the callback handler agree on the
+one thing that must not drift between them: how a LangChain call is named for the
+governor (default governor, task id, call-key arguments) and how a model call is
+described in an event.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
+from langchain_core.runnables import RunnableConfig
+
+import loop_governor as lg
+
+STATE_TASK_KEY = "governor_task_id"
+"""Graph-state key where the middleware keeps a generated task id (runs without a thread_id)."""
+
+
+def resolve_governor(governor: lg.Governor | None) -> lg.Governor:
+    """``governor`` or the core's process-wide default (shared breakers for every adapter)."""
+    return governor if governor is not None else lg.default_governor()
+
+
+class Interrupted:
+    """A LangGraph control-flow exception (interrupt, parent command) carried *through*
+    the governor: it is not a tool failure, so it must reach LangGraph unclassified."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def passthrough(value: Any) -> Any:
+    """Re-raise a control-flow exception that :class:`Interrupted` carried through."""
+    if isinstance(value, Interrupted):
+        raise value.exc
+    return value
+
+
+def thread_id_of(config: Mapping[str, Any] | None) -> str | None:
+    """The LangGraph ``thread_id`` of a runnable config, if the run has one."""
+    if not config:
+        return None
+    configurable = config.get("configurable") or {}
+    value = configurable.get("thread_id")
+    return None if value is None else str(value)
+
+
+def state_value(state: Any, key: str) -> Any:
+    """Read ``key`` from agent state, which LangGraph passes as a dict or an object."""
+    if isinstance(state, Mapping):
+        return state.get(key)
+    return getattr(state, key, None)
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex
+
+
+def key_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """The single positional value handed to ``governor.call`` to derive the call key.
+
+    Passing the tool's arguments as one value (not as ``**kwargs``) means a tool argument
+    named like a parameter of ``Governor.call`` can never clash with it.
+    """
+    if args:
+        return [*args, dict(kwargs)] if kwargs else list(args)
+    return dict(kwargs)
+
+
+def accepts_param(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def config_param(fn: Callable[..., Any]) -> str | None:
+    """Name of the parameter of ``fn`` annotated ``RunnableConfig`` (BaseTool.run passes it).
+
+    langchain-core does this in a private helper; re-done here (a few lines of
+    ``typing``) so a private rename upstream cannot break the wrapper.
+    """
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return None
+    for name, annotation in hints.items():
+        if annotation is RunnableConfig:
+            return name
+    return None
+
+
+def model_name(model: Any) -> str | None:
+    for attr in ("model_name", "model", "model_id"):
+        value = getattr(model, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    llm_type = getattr(model, "_llm_type", None)
+    return llm_type if isinstance(llm_type, str) else None
+
+
+def usage_fields(message: BaseMessage | None) -> dict[str, Any]:
+    """Token usage of a model reply, with prompt-cache reads and writes split out."""
+    usage = getattr(message, "usage_metadata", None) or {}
+    details = usage.get("input_token_details") or {}
+    metadata = getattr(message, "response_metadata", None) or {}
+    return {
+        "input_tokens": usage.get("input_tokens"),
+        "output_tokens": usage.get("output_tokens"),
+        "cache_read_tokens": details.get("cache_read"),
+        "cache_creation_tokens": details.get("cache_creation"),
+        "finish_reason": metadata.get("finish_reason") or metadata.get("stop_reason"),
+    }
+
+
+def openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """The prompt as OpenAI-style dicts: the trace format every backend understands."""
+    converted = convert_to_openai_messages(list(messages))
+    return converted if isinstance(converted, list) else [converted]
+
+
+def last_ai_message(messages: Sequence[BaseMessage]) -> AIMessage | None:
+    for message in reversed(messages):
+        if isinstance(message, AIMessage):
+            return message
+    return None

@@ -1,0 +1,303 @@
+"""``GovernorMiddleware``: the governor as a ``langchain.agents.create_agent`` middleware.
+
+Without it a ``ValueError`` raised by any tool aborts a ``create_agent`` run (only
+argument-validation errors come back to the model). With it:
+
+* every tool call goes through ``governor.call``/``acall`` (the ToolNode handler is
+  called again per attempt), and a non-fatal failure becomes a
+  ``ToolMessage(status="error")`` holding the governor's structured JSON; a
+  :class:`loop_governor.FatalError` propagates and stops the run;
+* every model call runs inside the task scope, counts a step, optionally sees a pruned
+  *view* of the conversation (``request.override(messages=...)``: graph state and the
+  checkpointer keep the full history), and is recorded as a ``model_call`` event with
+  usage (incl. prompt-cache reads) and the messages the model saw.
+
+Tools already wrapped with :func:`langchain_governor.govern_tool` are governed by
+their wrapper; the middleware only opens the task scope for them (no double retries).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Annotated, Any, Protocol
+
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
+from langchain.agents.middleware.types import PrivateStateAttr
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages.utils import count_tokens_approximately
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+from typing_extensions import NotRequired
+
+import loop_governor as lg
+from langchain_governor._common import (
+    STATE_TASK_KEY,
+    Interrupted,
+    key_args,
+    last_ai_message,
+    model_name,
+    new_task_id,
+    openai_messages,
+    passthrough,
+    resolve_governor,
+    state_value,
+    thread_id_of,
+    usage_fields,
+)
+from langchain_governor._scopes import LiveTasks
+from langchain_governor.tools import GovernedTool
+
+
+class MessagePruner(Protocol):
+    """What the middleware needs of a pruner (``loop_governor.context.ContextPruner``)."""
+
+    def prune(self, messages: list[Any]) -> list[Any]: ...
+
+
+class GovernorState(AgentState[Any]):
+    """Agent state plus the governor's task id for runs that have no ``thread_id``."""
+
+    governor_task_id: NotRequired[Annotated[str, PrivateStateAttr]]
+
+
+ToolResult = ToolMessage | Command[Any]
+
+
+def emit_pruning(governor: lg.Governor, before: Sequence[BaseMessage], after: Sequence[BaseMessage]) -> None:
+    """Record what a pruner did to one prompt (approximate token counts, no tokenizer)."""
+    governor.emit(
+        "pruning",
+        tokens_before=count_tokens_approximately(before),
+        tokens_after=count_tokens_approximately(after),
+        messages_before=len(before),
+        messages_after=len(after),
+    )
+
+
+def _response_messages(result: Any) -> list[BaseMessage]:
+    """The messages of whatever a model-call handler returned (all shapes LangChain allows)."""
+    if isinstance(result, AIMessage):
+        return [result]
+    inner = getattr(result, "model_response", None)
+    if isinstance(inner, ModelResponse):
+        result = inner
+    if isinstance(result, ModelResponse):
+        return list(result.result)
+    return []
+
+
+def _shield(
+    handler: Callable[[ToolCallRequest], ToolResult], request: ToolCallRequest
+) -> Callable[[Any], Any]:
+    """One attempt of the ToolNode handler; LangGraph control flow is carried through."""
+
+    def attempt(_key: Any) -> Any:
+        try:
+            return handler(request)
+        except GraphBubbleUp as exc:
+            return Interrupted(exc)
+
+    return attempt
+
+
+def _ashield(
+    handler: Callable[[ToolCallRequest], Awaitable[ToolResult]], request: ToolCallRequest
+) -> Callable[[Any], Awaitable[Any]]:
+    async def attempt(_key: Any) -> Any:
+        try:
+            return await handler(request)
+        except GraphBubbleUp as exc:
+            return Interrupted(exc)
+
+    return attempt
+
+
+class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
+    """Govern tool calls and model steps of a ``create_agent`` agent.
+
+    Args:
+        governor: the governor to use; ``None`` means the process-wide default.
+        pruner: optional object with ``prune(messages) -> messages`` returning a pruned
+            copy; the model sees its output, the graph state keeps the full history.
+        record_messages: include the prompt (as OpenAI-style dicts) in ``model_call``
+            events; turn off for very long contexts if the trace size matters.
+    """
+
+    state_schema = GovernorState
+
+    def __init__(
+        self,
+        governor: lg.Governor | None = None,
+        pruner: MessagePruner | None = None,
+        *,
+        record_messages: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        super().__init__()
+        self.governor = resolve_governor(governor)
+        self.pruner = pruner
+        self.record_messages = record_messages
+        self._clock = clock
+        self._tasks = LiveTasks(self.governor)
+
+    # -- task scope ---------------------------------------------------------------------
+    #
+    # One governor task per agent run, keyed by the LangGraph thread_id (else an id kept
+    # in graph state), live from the first node to after_agent; see _scopes.LiveTasks.
+    # A scope the caller opened around invoke() wins: contextvars reach every node.
+
+    def before_agent(self, state: GovernorState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        return self._assign_task_id(state, runtime)
+
+    async def abefore_agent(self, state: GovernorState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        return self._assign_task_id(state, runtime)
+
+    def after_agent(self, state: GovernorState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        self._end_task(state, runtime)
+        return None
+
+    async def aafter_agent(self, state: GovernorState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        self._end_task(state, runtime)
+        return None
+
+    def _assign_task_id(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        # The model node and the tool node are separate graph nodes: a generated id has
+        # to live in graph state so both (and a resumed run) find the same task.
+        if self._thread_id(runtime) is not None or state_value(state, STATE_TASK_KEY):
+            return None
+        return {STATE_TASK_KEY: new_task_id()}
+
+    def _end_task(self, state: Any, runtime: Any) -> None:
+        if self.governor.current_task() is None:
+            self._tasks.end(self._task_id(state, runtime))
+
+    @staticmethod
+    def _thread_id(runtime: Any) -> str | None:
+        info = getattr(runtime, "execution_info", None)
+        thread = getattr(info, "thread_id", None)
+        if thread is not None:
+            return str(thread)
+        return thread_id_of(getattr(runtime, "config", None))
+
+    def _task_id(self, state: Any, runtime: Any) -> str:
+        task_id = self._thread_id(runtime) or state_value(state, STATE_TASK_KEY)
+        return str(task_id) if task_id else "langgraph-run"
+
+    @contextlib.contextmanager
+    def _scope(self, state: Any, runtime: Any) -> Iterator[None]:
+        if self.governor.current_task() is not None:
+            yield
+            return
+        with self._tasks.attached(self._task_id(state, runtime)):
+            yield
+
+    # -- model calls --------------------------------------------------------------------
+
+    def _prepare(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        self.governor.count_step("model")
+        if self.pruner is None:
+            return request
+        before = request.messages
+        pruned = self.pruner.prune(list(before))
+        emit_pruning(self.governor, before, pruned)
+        return request.override(messages=pruned)
+
+    def _record(self, request: ModelRequest[Any], result: Any, started: float) -> None:
+        reply = last_ai_message(_response_messages(result))
+        fields: dict[str, Any] = {
+            "model": model_name(request.model),
+            "latency_s": self._clock() - started,
+            **usage_fields(reply),
+        }
+        if self.record_messages:
+            seen: list[BaseMessage] = list(request.messages)
+            if request.system_message is not None:
+                seen.insert(0, request.system_message)
+            fields["messages"] = openai_messages(seen)
+        self.governor.emit("model_call", **fields)
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Any],
+    ) -> Any:
+        with self._scope(request.state, request.runtime):
+            request = self._prepare(request)
+            started = self._clock()
+            result = handler(request)
+            self._record(request, result, started)
+            return result
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[Any]],
+    ) -> Any:
+        with self._scope(request.state, request.runtime):
+            request = self._prepare(request)
+            started = self._clock()
+            result = await handler(request)
+            self._record(request, result, started)
+            return result
+
+    # -- tool calls ---------------------------------------------------------------------
+
+    @staticmethod
+    def _needs_governing(request: ToolCallRequest) -> bool:
+        # Unknown tools are left to ToolNode (it answers with its own error message);
+        # wrapped tools already go through the governor.
+        return request.tool is not None and not isinstance(request.tool, GovernedTool)
+
+    @staticmethod
+    def _error_message(request: ToolCallRequest, exc: lg.AgentToolError) -> ToolMessage:
+        call = request.tool_call
+        return ToolMessage(
+            content=exc.info.to_model_text(),
+            tool_call_id=call["id"],
+            name=call["name"],
+            status="error",
+        )
+
+    def wrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolResult],
+    ) -> ToolResult:
+        with self._scope(request.state, request.runtime):
+            if not self._needs_governing(request):
+                return handler(request)
+            call = request.tool_call
+            try:
+                result: ToolResult = passthrough(
+                    self.governor.call(call["name"], _shield(handler, request), key_args((), call["args"]))
+                )
+            except lg.FatalError:
+                raise
+            except lg.AgentToolError as exc:
+                return self._error_message(request, exc)
+            return result
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolResult]],
+    ) -> ToolResult:
+        with self._scope(request.state, request.runtime):
+            if not self._needs_governing(request):
+                return await handler(request)
+            call = request.tool_call
+            try:
+                result: ToolResult = passthrough(
+                    await self.governor.acall(
+                        call["name"], _ashield(handler, request), key_args((), call["args"])
+                    )
+                )
+            except lg.FatalError:
+                raise
+            except lg.AgentToolError as exc:
+                return self._error_message(request, exc)
+            return result

@@ -1,0 +1,271 @@
+"""create_agent + GovernorMiddleware, end to end with a scripted model (invoke and ainvoke)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.tools import BaseTool, tool
+from langgraph.checkpoint.memory import InMemorySaver
+
+import loop_governor as lg
+from langchain_governor import GovernorMiddleware, govern_tool
+
+
+def run_agent(
+    agent: Any, mode: str, text: str = "go", config: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    payload = {"messages": [("user", text)]}
+    if mode == "sync":
+        return agent.invoke(payload, config)  # type: ignore[no-any-return]
+    return asyncio.run(agent.ainvoke(payload, config))  # type: ignore[no-any-return]
+
+
+MODES = pytest.mark.parametrize("mode", ["sync", "async"])
+
+
+def fetch_tool(backend: Callable[..., str]) -> BaseTool:
+    @tool
+    def fetch_page(url: str) -> str:
+        """Fetch a web page."""
+        return backend(url=url)
+
+    return fetch_page
+
+
+def errors_in(messages: list[BaseMessage]) -> list[dict[str, Any]]:
+    return [
+        json.loads(m.content)["error"] for m in messages if isinstance(m, ToolMessage) and m.status == "error"
+    ]
+
+
+def test_without_middleware_a_failing_tool_aborts_the_run(lc: Any) -> None:
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/404"})
+    )
+    agent = create_agent(model, [fetch_tool(lc.Backend([404]))])
+    with pytest.raises(lc.HTTPError):
+        agent.invoke({"messages": [("user", "go")]})
+
+
+@MODES
+def test_permanent_error_reaches_the_model_and_the_run_completes(
+    mode: str, lc: Any, governor: lg.Governor
+) -> None:
+    backend = lc.Backend([404])
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/404"})
+    )
+    agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
+    result = run_agent(agent, mode)
+
+    assert result["messages"][-1].content == "done"
+    next_prompt = model.prompts[1]
+    tool_message = next_prompt[-1]
+    assert isinstance(tool_message, ToolMessage)
+    assert tool_message.status == "error"
+    error = json.loads(tool_message.content)["error"]
+    assert error["type"] == "permanent"
+    assert error["status"] == 404
+    assert error["tool"] == "fetch_page"
+    assert len(backend.calls) == 1
+
+
+@MODES
+def test_transient_errors_are_retried_and_the_model_sees_only_success(
+    mode: str, lc: Any, governor: lg.Governor
+) -> None:
+    backend = lc.Backend([503, 503, None])
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/busy"})
+    )
+    agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
+    result = run_agent(agent, mode)
+
+    assert len(backend.calls) == 3
+    assert result["messages"][-1].content == "done"
+    seen = model.prompts[1]
+    assert [m.status for m in seen if isinstance(m, ToolMessage)] == ["success"]
+    assert seen[-1].content.startswith("result for")
+    assert all(not errors_in(prompt) for prompt in model.prompts)
+
+
+@MODES
+def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(
+    mode: str, lc: Any, governor: lg.Governor
+) -> None:
+    backend = lc.Backend([503], forever=True)
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 10, lambda i: {"url": f"https://x/page/{i}"})
+    )
+    agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
+    result = run_agent(agent, mode)
+
+    assert result["messages"][-1].content == "done"
+    assert len(backend.calls) <= 8
+    errors = errors_in(result["messages"])
+    assert len(errors) == 10  # every one of the model's 10 calls got an answer
+    last = errors[-1]
+    assert last["retryable"] is False
+    assert "fetch_page" in last["advice"]  # the model is told why and what to do instead
+    assert any(e.get("code") == "circuit_open" for e in errors)
+
+
+@MODES
+def test_fatal_error_stops_the_run(mode: str, lc: Any, governor: lg.Governor) -> None:
+    backend = lc.Backend([401])
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/me"})
+    )
+    agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
+    with pytest.raises(lg.FatalError) as caught:
+        run_agent(agent, mode)
+    assert caught.value.info.status == 401
+    assert len(backend.calls) == 1
+    assert len(model.prompts) == 1  # the model was never asked again
+
+
+@MODES
+def test_known_bad_call_is_answered_without_calling_again(mode: str, lc: Any, governor: lg.Governor) -> None:
+    backend = lc.Backend([404, None])
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 2, lambda i: {"url": "https://x/gone"})
+    )
+    agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
+    result = run_agent(agent, mode)
+
+    assert len(backend.calls) == 1  # the run is one task: the identical call is known-bad
+    first, second = errors_in(result["messages"])
+    assert first["type"] == second["type"] == "permanent"
+
+
+@MODES
+def test_wrapped_tools_are_not_governed_twice(mode: str, lc: Any, governor: lg.Governor) -> None:
+    backend = lc.Backend([503, 503, None])
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/busy"})
+    )
+    wrapped = govern_tool(fetch_tool(backend), governor)
+    agent = create_agent(model, [wrapped], middleware=[GovernorMiddleware(governor)])
+    run_agent(agent, mode)
+    assert len(backend.calls) == 3
+    governed = [e for e in governor_events(governor, agent, mode, lc) if e["event"] == "tool_call"]
+    assert len(governed) == 1
+
+
+def governor_events(governor: lg.Governor, agent: Any, mode: str, lc: Any) -> list[dict[str, Any]]:
+    """Run ``agent`` once more (backend healthy) and return the events it produced."""
+    seen: list[dict[str, Any]] = []
+    unsubscribe = governor.subscribe(seen.append)
+    try:
+        run_agent(agent, mode, "again")
+    finally:
+        unsubscribe()
+    return seen
+
+
+@MODES
+def test_model_calls_are_steps_of_one_task_with_usage_events(
+    mode: str, lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
+) -> None:
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 2, lambda i: {"url": f"https://x/{i}"})
+    )
+    agent = create_agent(
+        model, [fetch_tool(lc.Backend())], system_prompt="be brief", middleware=[GovernorMiddleware(governor)]
+    )
+    run_agent(agent, mode)
+
+    model_calls = [e for e in events if e["event"] == "model_call"]
+    assert len(model_calls) == 3
+    first = model_calls[0]
+    assert first["input_tokens"] == 120 and first["output_tokens"] == 7
+    assert first["cache_read_tokens"] == 96 and first["cache_creation_tokens"] == 0
+    assert first["finish_reason"] == "stop"
+    assert first["model"] == "scripted"
+    assert first["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "go"}]
+    assert model_calls[-1]["messages"][-1]["role"] == "tool"
+
+    task_ids = {e["task_id"] for e in events}
+    assert len(task_ids) == 1 and None not in task_ids  # model and tool nodes share one task
+    ends = [e for e in events if e["event"] == "task_end"]
+    assert len(ends) == 1
+    assert ends[0]["model_calls"] == 3 and ends[0]["tool_calls"] == 2 and ends[0]["steps"] == 5
+
+
+def test_thread_id_names_the_task(lc: Any, governor: lg.Governor, events: list[dict[str, Any]]) -> None:
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x"}))
+    agent = create_agent(
+        model,
+        [fetch_tool(lc.Backend())],
+        middleware=[GovernorMiddleware(governor)],
+        checkpointer=InMemorySaver(),
+    )
+    agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "thread-42"}})
+    assert {e["task_id"] for e in events} == {"thread-42"}
+
+
+def test_max_steps_stops_a_runaway_agent(lc: Any, sleeps: Any) -> None:
+    governor = lg.Governor(lg.GovernorConfig(max_steps=4), clock=sleeps.clock, sleep=sleeps.sleep)
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 100, lambda i: {"url": f"https://x/{i}"})
+    )
+    agent = create_agent(model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor)])
+    with pytest.raises(lg.BudgetExhaustedError):
+        agent.invoke({"messages": [("user", "go")]})
+    assert len(model.prompts) == 2  # model, tool, model, tool: the fifth step is refused
+
+
+def test_a_scope_opened_by_the_caller_is_used(
+    lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
+) -> None:
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x"}))
+    agent = create_agent(model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor)])
+    with governor.task("nightly-report") as scope:
+        agent.invoke({"messages": [("user", "go")]})
+        assert scope.model_calls == 2
+    assert {e["task_id"] for e in events} == {"nightly-report"}
+
+
+@MODES
+def test_pruner_shapes_only_what_the_model_sees(
+    mode: str, lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
+) -> None:
+    pruner = lc.KeepLastToolResults(keep=1)
+    model = lc.ScriptedChatModel(
+        script=lc.call_tool_until("fetch_page", 3, lambda i: {"url": f"https://x/{i}"})
+    )
+    agent = create_agent(
+        model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor, pruner=pruner)]
+    )
+    result = run_agent(agent, mode)
+
+    last_prompt = model.prompts[-1]
+    assert [m.content for m in last_prompt if isinstance(m, ToolMessage)][:2] == ["[pruned]", "[pruned]"]
+    stored = [m.content for m in result["messages"] if isinstance(m, ToolMessage)]
+    assert all(c.startswith("result for") for c in stored)  # graph state keeps the full history
+    pruning = [e for e in events if e["event"] == "pruning"]
+    assert len(pruning) == 4
+    assert pruning[-1]["tokens_after"] < pruning[-1]["tokens_before"]
+    assert pruning[-1]["messages_after"] == pruning[-1]["messages_before"]
+
+
+def test_tool_errors_leave_unknown_tools_to_the_tool_node(lc: Any, governor: lg.Governor) -> None:
+    def script(messages: list[BaseMessage]) -> AIMessage:
+        if any(isinstance(m, ToolMessage) for m in messages):
+            return AIMessage(content="done")
+        return AIMessage(
+            content="", tool_calls=[{"name": "no_such_tool", "args": {}, "id": "c1", "type": "tool_call"}]
+        )
+
+    model = lc.ScriptedChatModel(script=script)
+    agent = create_agent(model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor)])
+    result = agent.invoke({"messages": [("user", "go")]})
+    reply = next(m for m in result["messages"] if isinstance(m, ToolMessage))
+    assert reply.status == "error"
+    assert "no_such_tool" in reply.content

@@ -133,6 +133,8 @@ class GovernorHooks:
         self._blocked: dict[int, tuple[dict[str, Any], lg.CircuitOpenError]] = {}
         # governor task scopes this object opened, per crew kickoff in flight
         self._crew_scopes: dict[int, tuple[Any, lg.TaskScope]] = {}
+        # cumulative (prompt, completion, cached) tokens last seen per LLM object
+        self._usage_seen: dict[int, tuple[int, int, int]] = {}
 
     # -- LLM calls --------------------------------------------------------------------
     def before_llm_call(self, context: Any) -> None:
@@ -186,6 +188,7 @@ class GovernorHooks:
             return entry
 
     def after_llm_call(self, context: Any) -> None:
+        self._record_usage(getattr(context, "llm", None))
         response = getattr(context, "response", None)
         if not isinstance(response, str):
             return
@@ -196,6 +199,28 @@ class GovernorHooks:
             agent_role=getattr(agent, "role", None),
             iterations=getattr(context, "iterations", None),
         )
+
+    def _record_usage(self, llm: Any) -> None:
+        """Feed the task's token / cost budgets from the LLM's cumulative usage (the
+        delta since the last call; hooks run in the task's own thread, unlike events)."""
+        summary = getattr(llm, "get_token_usage_summary", None)
+        if summary is None:
+            return
+        try:
+            usage = summary()
+        except Exception:
+            return
+        now = (
+            int(getattr(usage, "prompt_tokens", 0) or 0),
+            int(getattr(usage, "completion_tokens", 0) or 0),
+            int(getattr(usage, "cached_prompt_tokens", 0) or 0),
+        )
+        with self._lock:
+            before = self._usage_seen.get(id(llm), (0, 0, 0))
+            self._usage_seen[id(llm)] = now
+        delta = [max(0, a - b) for a, b in zip(now, before, strict=True)]
+        if any(delta):
+            self.governor.record_usage(getattr(llm, "model", None), delta[0], delta[1], delta[2])
 
     # -- tool calls -------------------------------------------------------------------
     def before_tool_call(self, context: Any) -> bool | None:

@@ -219,6 +219,14 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
                 seen.insert(0, request.system_message)
             fields["messages"] = openai_messages(seen)
         self.governor.emit("model_call", **fields)
+        # token / cost budgets (max_tokens, max_cost) are checked at the next step
+        self.governor.record_usage(
+            fields["model"],
+            fields.get("input_tokens") or 0,
+            fields.get("output_tokens") or 0,
+            fields.get("cache_read_tokens") or 0,
+            fields.get("cache_creation_tokens") or 0,
+        )
 
     def wrap_model_call(
         self,

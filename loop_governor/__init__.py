@@ -5,7 +5,7 @@ a task retry budget and circuit breakers; see :class:`Governor`.
 """
 
 from loop_governor.classify import ErrorInfo, Rule, classify, normalize_message
-from loop_governor.config import GovernorConfig, ToolPolicy
+from loop_governor.config import GovernorConfig, ModelPrice, ToolPolicy
 from loop_governor.errors import (
     AgentToolError,
     BudgetExhaustedError,
@@ -14,6 +14,7 @@ from loop_governor.errors import (
     FatalError,
     GovernedError,
     LoopDetectedError,
+    NoProgressError,
     PermanentError,
     TransientError,
 )
@@ -39,6 +40,8 @@ __all__ = [
     "Governor",
     "GovernorConfig",
     "LoopDetectedError",
+    "ModelPrice",
+    "NoProgressError",
     "PermanentError",
     "Rule",
     "TaskScope",

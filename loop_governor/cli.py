@@ -21,6 +21,10 @@ app = typer.Typer(
 # Dotted module names, each defining ``register(app: typer.Typer) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
     "loop_governor.demo",
+    "loop_governor.trace.cli",
+    "loop_governor.context.cli",
+    "loop_governor.checkpoint.cli",
+    "loop_governor.stores.cli",
 )
 
 

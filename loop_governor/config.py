@@ -42,12 +42,32 @@ class ToolPolicy(BaseModel):
     breaker_failure_threshold: int | None = Field(default=None, ge=1)
     breaker_cooldown_s: float | None = Field(default=None, gt=0)
     unknown_error: ErrorClass | None = None
+    rate_limit_per_s: float | None = Field(default=None, gt=0)
+    rate_burst: int | None = Field(default=None, ge=1)
+
+
+class ModelPrice(BaseModel):
+    """Prices in currency units per million tokens (for ``max_cost``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_read: float | None = Field(default=None, ge=0, description="defaults to the input price")
+    cache_write: float | None = Field(default=None, ge=0, description="defaults to the input price")
+
+    def cost(self, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0) -> float:
+        """``input_tokens`` includes cached ones (as providers report them)."""
+        read = self.input if self.cache_read is None else self.cache_read
+        write = self.input if self.cache_write is None else self.cache_write
+        plain = max(0, input_tokens - cache_read - cache_write)
+        return (plain * self.input + cache_read * read + cache_write * write + output_tokens * self.output) / 1e6
 
 
 class ResolvedPolicy:
     """A tool's effective settings, computed once per tool and cached (hot path)."""
 
-    __slots__ = ("base_delay", "breaker", "jitter", "max_attempts", "max_delay", "unknown_error")
+    __slots__ = ("base_delay", "breaker", "burst", "jitter", "max_attempts", "max_delay", "rate_per_s", "unknown_error")
 
     def __init__(self, config: GovernorConfig, override: ToolPolicy | None) -> None:
         o = override or ToolPolicy()
@@ -60,6 +80,9 @@ class ResolvedPolicy:
             o.breaker_cooldown_s or config.breaker_cooldown_s,
         )
         self.unknown_error: ErrorClass = o.unknown_error or config.unknown_error
+        self.rate_per_s: float | None = o.rate_limit_per_s or config.rate_limit_per_s
+        burst = o.rate_burst or config.rate_burst
+        self.burst: float = float(burst) if burst else max(1.0, float(self.rate_per_s or 1.0))
 
 
 class GovernorConfig(BaseSettings):
@@ -82,6 +105,14 @@ class GovernorConfig(BaseSettings):
     breaker_cooldown_s: float = Field(default=60.0, gt=0)
     repeated_error_threshold: int = Field(default=3, ge=1, description="same tool+signature failures")
     max_steps: int | None = Field(default=None, ge=1, description="model + tool calls per task")
+    max_tokens: int | None = Field(default=None, ge=1, description="model tokens (in + out) per task")
+    max_cost: float | None = Field(default=None, gt=0, description="per task, priced with `prices`")
+    max_wall_s: float | None = Field(default=None, gt=0, description="wall-clock seconds per task")
+    prices: dict[str, ModelPrice] = Field(default_factory=dict, description='per model; "default" for others')
+    no_progress_threshold: int = Field(default=3, ge=2, description="same non-trivial result N times in a row")
+    trivial_result_chars: int = Field(default=10, ge=0, description="results this short never count as no-progress")
+    rate_limit_per_s: float | None = Field(default=None, gt=0, description="per tool, shared through the store")
+    rate_burst: int | None = Field(default=None, ge=1)
     unknown_error: ErrorClass = "permanent"
     store_url: str = "memory://"
     checkpoint_url: str | None = None
@@ -97,6 +128,8 @@ class GovernorConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _check_delays(self) -> GovernorConfig:
+        if self.max_cost is not None and not self.prices:
+            raise ValueError("max_cost needs a price table: prices={model: ModelPrice(input=..., output=...)}")
         if self.retry_base_delay > self.retry_max_delay:
             raise ValueError(
                 f"retry_base_delay ({self.retry_base_delay}) must not exceed retry_max_delay ({self.retry_max_delay})"

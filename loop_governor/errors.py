@@ -168,6 +168,26 @@ class BudgetExhaustedError(FatalError):
         self.partial_results: list[Any] = list(partial_results or [])
 
 
+class NoProgressError(LoopDetectedError, FatalError):
+    """The loop kept going after being told its tool's verdict no longer changes: end the run.
+
+    Both a :class:`LoopDetectedError` (what happened) and a :class:`FatalError` (what
+    adapters do with it: stop the run), with the partial results of the task.
+    """
+
+    default_type = ErrorType.FATAL
+
+    def __init__(
+        self,
+        info: GovernedError | str,
+        *,
+        tool: str | None = None,
+        partial_results: list[Any] | None = None,
+    ) -> None:
+        super().__init__(info, tool=tool)
+        self.partial_results: list[Any] = list(partial_results or [])
+
+
 ERROR_CLASS: dict[ErrorType, type[AgentToolError]] = {
     ErrorType.TRANSIENT: TransientError,
     ErrorType.PERMANENT: PermanentError,

@@ -40,10 +40,12 @@ from loop_governor.errors import (
     FatalError,
     GovernedError,
     LoopDetectedError,
+    NoProgressError,
     PermanentError,
     TransientError,
     error_from_info,
 )
+from loop_governor.progress import NOTE, OK, ProgressGuard, annotate, result_text
 from loop_governor.retry import BreakerRefused, CallAttempts
 from loop_governor.stores import Store, store_from_url
 
@@ -70,13 +72,16 @@ class TaskScope:
     __slots__ = (
         "_token",
         "checkpoint",
+        "cost",
         "governor",
         "known_bad",
         "model_calls",
+        "progress",
         "results",
         "started_at",
         "steps",
         "task_id",
+        "tokens",
         "tool_calls",
     )
 
@@ -90,6 +95,10 @@ class TaskScope:
         self.results: list[Any] = []
         self.started_at = 0.0
         self.checkpoint: TaskCheckpoint | None = None
+        self.tokens = 0
+        self.cost = 0.0
+        config = governor.config
+        self.progress = ProgressGuard(config.no_progress_threshold, config.trivial_result_chars)
         self._token: Token[TaskScope | None] | None = None
 
     # Both context-manager protocols: ``with g.task(...)`` and ``async with g.task(...)``.
@@ -172,10 +181,18 @@ class Governor:
 
             checkpoint_store = checkpoint_store_from_url(self.config.checkpoint_url)
         self.checkpoints: CheckpointStore | None = checkpoint_store
+        if hasattr(self.store, "on_event"):
+            # Redis outages and recoveries (fallback to local state) go to the trace.
+            self.store.on_event = self._store_event
+        self.lens: Any = None
         if self.config.trace_path:
             from loop_governor import trace
 
-            trace.install(self, path=self.config.trace_path)
+            self.lens = trace.install(self, path=self.config.trace_path)
+
+    def _store_event(self, event: dict[str, Any]) -> None:
+        fields = dict(event)
+        self.emit(str(fields.pop("event", "store_event")), **fields)
 
     # -- configuration -------------------------------------------------------------------
 
@@ -246,20 +263,54 @@ class Governor:
         if kind == "model":
             scope.model_calls += 1
 
+    def record_usage(
+        self,
+        model: str | None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_creation_tokens: int = 0,
+    ) -> None:
+        """Add one model call's usage to the task (for ``max_tokens`` / ``max_cost``)."""
+        scope = _SCOPE.get()
+        if scope is None:
+            return
+        scope.tokens += int(input_tokens or 0) + int(output_tokens or 0)
+        prices = self.config.prices
+        price = prices.get(model or "") or prices.get("default")
+        if price is not None:
+            scope.cost += price.cost(input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)
+        elif prices:
+            self.emit("unpriced_model", model=model)
+
     def _take_step(self, scope: TaskScope, tool: str | None) -> None:
-        limit = self.config.max_steps
-        if limit is not None and scope.steps >= limit:
-            info = GovernedError(
-                error_type=ErrorType.FATAL,
-                tool=tool,
-                code="max_steps",
-                message=f"task {scope.task_id} used its {limit} steps",
-                signature=f"{tool or '-'}:BudgetExhaustedError:max_steps",
-                advice="the step budget is spent: stop and report what was done",
-            )
-            self.emit("budget_exhausted", budget="max_steps", limit=limit, tool=tool)
-            raise BudgetExhaustedError(info, partial_results=scope.results)
-        scope.steps += 1
+        """Count a step; raise BudgetExhaustedError (with the partial results) when a task
+        budget is spent. Checked before the step runs, so the cap is exact."""
+        cfg = self.config
+        spent: tuple[str, float, float] | None = None
+        if cfg.max_steps is not None and scope.steps >= cfg.max_steps:
+            spent = ("max_steps", cfg.max_steps, scope.steps)
+        elif cfg.max_tokens is not None and scope.tokens >= cfg.max_tokens:
+            spent = ("max_tokens", cfg.max_tokens, scope.tokens)
+        elif cfg.max_cost is not None and scope.cost >= cfg.max_cost:
+            spent = ("max_cost", cfg.max_cost, scope.cost)
+        elif cfg.max_wall_s is not None and self.clock() - scope.started_at >= cfg.max_wall_s:
+            spent = ("max_wall_s", cfg.max_wall_s, self.clock() - scope.started_at)
+        if spent is None:
+            scope.steps += 1
+            return
+        budget, limit, used = spent
+        info = GovernedError(
+            error_type=ErrorType.FATAL,
+            tool=tool,
+            code=budget,
+            message=f"task {scope.task_id} spent its budget {budget}={limit:g} (used {used:g})",
+            signature=f"{tool or '-'}:BudgetExhaustedError:{budget}",
+            advice="the task budget is spent: stop and report what was done",
+        )
+        self.emit("budget_exhausted", budget=budget, limit=limit, used=used, tool=tool)
+        self.save_checkpoint(scope)
+        raise BudgetExhaustedError(info, partial_results=scope.results)
 
     # -- breaker helpers (used by CallAttempts too) --------------------------------------
 
@@ -317,73 +368,78 @@ class Governor:
 
     # -- the governed call ---------------------------------------------------------------
 
-    def _precheck(
-        self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[TaskScope | None, ResolvedPolicy, Admission, str | None, Any]:
-        """Everything before the first attempt (shared by call and acall).
+    def _replay_failure(self, scope: TaskScope, tool: str, key: str, info: GovernedError) -> AgentToolError:
+        """A known-bad call again: the same bytes as the first time (prompt cache), unless
+        the model keeps insisting; then the repeated-error guard tells it to stop."""
+        self.emit(
+            "tool_call",
+            tool=tool,
+            status="error",
+            error_type=info.error_type.value,
+            signature=info.signature,
+            attempts=0,
+            duration_s=0.0,
+            call_key=key,
+            known_bad=True,
+        )
+        return self._guard_repeats(scope, info) or error_from_info(info)
 
-        The last item is the result an earlier run of the task stored for this call
-        (resume), or ``_MISSING`` when the call must run.
+    def _prepare(
+        self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[TaskScope | None, ResolvedPolicy, str | None, Any]:
+        """Task-level checks before a call (shared by call and acall).
+
+        Returns the scope, the tool's policy, the call key when one was needed, and the
+        result an earlier run of the task stored for this call (resume) or ``_MISSING``.
         """
         scope = _SCOPE.get()
         policy = self._policies.get(tool) or self.policy(tool)
+        if scope is None:
+            return None, policy, None, _MISSING
         key: str | None = None
-        if scope is not None:
-            cp = scope.checkpoint
-            if cp is not None:
-                key = call_key(tool, args, kwargs)
-                found, value = cp.get_result(key)
-                if found:
-                    self.emit(
-                        "tool_call",
-                        tool=tool,
-                        status="ok",
-                        error_type=None,
-                        signature=None,
-                        attempts=0,
-                        duration_s=0.0,
-                        call_key=key,
-                        resumed=True,
-                    )
-                    return scope, policy, ADMIT, key, value
-                failure = cp.get_failure(key)
-                if failure is not None:
-                    self.emit(
-                        "tool_call",
-                        tool=tool,
-                        status="error",
-                        error_type=failure.error_type.value,
-                        signature=failure.signature,
-                        attempts=0,
-                        duration_s=0.0,
-                        call_key=key,
-                        known_bad=True,
-                    )
-                    raise self._guard_repeats(scope, failure) or error_from_info(failure)
-            if scope.known_bad:
-                key = key or call_key(tool, args, kwargs)
-                stored = self.store.known_bad_get(scope.task_id, key)
-                if stored is not None:
-                    # Same bytes as the first time (prompt cache), unless the model keeps
-                    # insisting: then the repeated-error guard tells it to stop.
-                    info = GovernedError.model_validate_json(stored)
-                    self.emit(
-                        "tool_call",
-                        tool=tool,
-                        status="error",
-                        error_type=info.error_type.value,
-                        signature=info.signature,
-                        attempts=0,
-                        duration_s=0.0,
-                        call_key=key,
-                        known_bad=True,
-                    )
-                    raise self._guard_repeats(scope, info) or error_from_info(info)
-            self._take_step(scope, tool)
-            scope.tool_calls += 1
-        admission, transition = self.store.breaker_admit(tool, self.clock, policy.breaker)
+        cp = scope.checkpoint
+        if cp is not None:
+            key = call_key(tool, args, kwargs)
+            found, value = cp.get_result(key)
+            if found:
+                self.emit("tool_call", tool=tool, status="ok", attempts=0, duration_s=0.0, call_key=key, resumed=True)
+                return scope, policy, key, value
+            failure = cp.get_failure(key)
+            if failure is not None:
+                raise self._replay_failure(scope, tool, key, failure)
+        if scope.known_bad:
+            key = key or call_key(tool, args, kwargs)
+            stored = self.store.known_bad_get(scope.task_id, key)
+            if stored is not None:
+                raise self._replay_failure(scope, tool, key, GovernedError.model_validate_json(stored))
+        self._take_step(scope, tool)
+        scope.tool_calls += 1
+        return scope, policy, key, _MISSING
+
+    def _admit_call(self, tool: str, policy: ResolvedPolicy, scope: TaskScope | None) -> tuple[Admission, float]:
+        """Rate limit and breaker: (admission, seconds to wait before asking again)."""
+        if policy.rate_per_s is None:
+            admission, transition = self.store.breaker_admit(tool, self.clock, policy.breaker)
+            wait = 0.0
+        else:
+            admission, transition, wait = self._admit_rated(tool, policy)
         if transition is not None:
             self._emit_transition(tool, transition)
+        if wait > policy.max_delay:
+            info = GovernedError(
+                error_type=ErrorType.TRANSIENT,
+                tool=tool,
+                code="rate_limited",
+                message=f"{tool} is over its shared rate limit of {policy.rate_per_s}/s",
+                signature=f"{tool}:RateLimited:rate limit",
+                attempts=0,
+                retry_after=float(max(1, round(wait))),
+                advice=f"{tool} is rate limited for ~{max(1, round(wait))}s; use another tool or continue without it",
+            )
+            raise self._guard_repeats(scope, info) or TransientError(info)
+        if wait > 0:
+            self.emit("rate_limited", tool=tool, delay_s=wait)
+            return admission, wait
         if not admission.allowed:
             err = self._circuit_open(tool, admission)
             self.emit(
@@ -394,11 +450,25 @@ class Governor:
                 signature=err.info.signature,
                 attempts=0,
                 duration_s=0.0,
-                call_key=key,
                 circuit_open=True,
             )
             raise self._guard_repeats(scope, err.info) or err
-        return scope, policy, admission, key, _MISSING
+        return admission, 0.0
+
+    def _admit_rated(self, tool: str, policy: ResolvedPolicy) -> tuple[Admission, Transition | None, float]:
+        rate = policy.rate_per_s
+        assert rate is not None
+        combined = getattr(self.store, "admit_rate", None)
+        if combined is not None:  # Redis: breaker and bucket in one round trip
+            result: tuple[Admission, Transition | None, float] = combined(
+                tool, self.clock, policy.breaker, rate, policy.burst
+            )
+            return result
+        wait = self.store.rate_acquire(tool, rate, policy.burst, self.clock())
+        if wait > 0:
+            return ADMIT, None, wait
+        admission, transition = self.store.breaker_admit(tool, self.clock, policy.breaker)
+        return admission, transition, 0.0
 
     def _succeeded(
         self,
@@ -410,11 +480,12 @@ class Governor:
         key: str | None,
         scope: TaskScope | None,
         result: Any,
-    ) -> None:
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Record a success; returns the result the model should see (maybe annotated)."""
         if admission.dirty:
             self.record_breaker(tool, True, admission.probe, policy)
-        if scope is not None and scope.checkpoint is not None and key is not None:
-            self._checkpoint_success(scope, scope.checkpoint, key, result)
         if self._emitting:
             self.emit(
                 "tool_call",
@@ -426,12 +497,37 @@ class Governor:
                 duration_s=self.clock() - started,
                 call_key=key,
             )
+        if scope is None:
+            return result
+        if scope.checkpoint is not None and key is not None:
+            self._checkpoint_success(scope, scope.checkpoint, key, result)
+        verdict = scope.progress.observe(tool, result_text(result), lambda: key or call_key(tool, args, kwargs))
+        if verdict is OK:
+            return result
+        self.emit("no_progress", tool=tool, count=verdict.count, action=verdict.action)
+        if verdict.action == "warn":
+            return annotate(result, NOTE.format(tool=tool, count=verdict.count))
+        self.save_checkpoint(scope)
+        info = GovernedError(
+            error_type=ErrorType.FATAL,
+            tool=tool,
+            code="no_progress",
+            message=f"{tool} returned the same result {verdict.count} times in a row after the model was told",
+            signature=f"{tool}:NoProgressError:no progress",
+            advice="the loop stopped making progress: stop and report what was done",
+            count=verdict.count,
+        )
+        raise NoProgressError(info, partial_results=scope.results)
 
     def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` governed; returns its value or raises AgentToolError."""
-        scope, policy, admission, key, stored = self._precheck(tool, args, kwargs)
+        scope, policy, key, stored = self._prepare(tool, args, kwargs)
         if stored is not _MISSING:
             return stored  # type: ignore[no-any-return]
+        admission, wait = self._admit_call(tool, policy, scope)
+        while wait:
+            self.sleep(wait)
+            admission, wait = self._admit_call(tool, policy, scope)
         started = self.clock() if self._emitting else 0.0
         try:
             result = fn(*args, **kwargs)
@@ -445,19 +541,24 @@ class Governor:
                 raise self._failed(attempts, args, kwargs, key, started, refused.admission) from attempts.last_exc
             except Exception as final:
                 raise self._failed(attempts, args, kwargs, key, started, None) from final
-            self._succeeded(tool, policy, attempts.admission, started, attempts.attempts + 1, key, scope, result)
-            return result
-        if admission.dirty or self._emitting or key is not None:
-            self._succeeded(tool, policy, admission, started, 1, key, scope, result)
-        return result
+            admission, n = attempts.admission, attempts.attempts + 1
+        else:
+            if not (admission.dirty or self._emitting or scope is not None):
+                return result  # the hot path: a healthy tool outside a task
+            n = 1
+        return self._succeeded(tool, policy, admission, started, n, key, scope, result, args, kwargs)  # type: ignore[no-any-return]
 
     async def acall(
         self, tool: str, fn: Callable[..., Awaitable[T]] | Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> T:
         """Async twin of :meth:`call` (same decisions; tenacity's AsyncRetrying sleeps)."""
-        scope, policy, admission, key, stored = self._precheck(tool, args, kwargs)
+        scope, policy, key, stored = self._prepare(tool, args, kwargs)
         if stored is not _MISSING:
             return stored  # type: ignore[no-any-return]
+        admission, wait = self._admit_call(tool, policy, scope)
+        while wait:
+            await self.asleep(wait)
+            admission, wait = self._admit_call(tool, policy, scope)
         started = self.clock() if self._emitting else 0.0
 
         async def run(*a: Any, **kw: Any) -> Any:
@@ -475,11 +576,10 @@ class Governor:
                 raise self._failed(attempts, args, kwargs, key, started, refused.admission) from attempts.last_exc
             except Exception as final:
                 raise self._failed(attempts, args, kwargs, key, started, None) from final
-            self._succeeded(tool, policy, attempts.admission, started, attempts.attempts + 1, key, scope, result)
-            return result  # type: ignore[no-any-return]
-        if admission.dirty or self._emitting or key is not None:
-            self._succeeded(tool, policy, admission, started, 1, key, scope, result)
-        return result  # type: ignore[no-any-return]
+            admission, n = attempts.admission, attempts.attempts + 1
+        else:
+            n = 1
+        return self._succeeded(tool, policy, admission, started, n, key, scope, result, args, kwargs)  # type: ignore[no-any-return]
 
     # -- failure outcome -----------------------------------------------------------------
 

@@ -35,7 +35,8 @@ class Store(Protocol):
 
     # -- breakers (per tool) --
     def breaker_admit(self, tool: str, clock: Clock, policy: BreakerPolicy) -> tuple[Admission, Transition | None]:
-        """May a call to ``tool`` go ahead? Reads ``clock`` only when the breaker is not closed."""
+        """May a call to ``tool`` go ahead? Reads ``clock`` only when the breaker is not closed
+        (the success path of a healthy tool costs no clock read and, on Redis, one round trip)."""
         ...
 
     def breaker_record(self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy) -> Transition | None:
@@ -47,6 +48,11 @@ class Store(Protocol):
     def breaker_list(self) -> list[BreakerStatus]: ...
 
     def breaker_force(self, tool: str, state: BreakerState | str, now: float) -> None: ...
+
+    def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
+        """Take one token from the tool's bucket: 0.0 if admitted, else seconds to wait
+        (nothing taken). See :func:`loop_governor.ratelimit.take_token`."""
+        ...
 
     # -- per-task state --
     def budget_take(self, task_id: str, limit: int) -> bool:

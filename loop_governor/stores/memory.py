@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from loop_governor.breaker import (
     ADMIT,
+    ADMIT_DIRTY,
     Admission,
     BreakerPolicy,
     BreakerRecord,
@@ -16,6 +17,7 @@ from loop_governor.breaker import (
     force,
     record,
 )
+from loop_governor.ratelimit import take_token
 from loop_governor.stores.base import BreakerStatus, Clock
 
 _CLOSED = BreakerState.CLOSED
@@ -32,12 +34,13 @@ class MemoryStore:
         self._budgets: dict[str, int] = defaultdict(int)
         self._known_bad: dict[str, dict[str, str]] = {}
         self._signatures: dict[str, dict[str, int]] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}
 
     def breaker_admit(self, tool: str, clock: Clock, policy: BreakerPolicy) -> tuple[Admission, Transition | None]:
         rec = self._breakers.get(tool)
-        # Lock-free fast path: a closed breaker with no failures admits everything.
-        if rec is None or (rec.state is _CLOSED and not rec.failures):
-            return ADMIT, None
+        # Lock-free fast path: a closed breaker admits everything (no clock read).
+        if rec is None or rec.state is _CLOSED:
+            return (ADMIT_DIRTY if rec is not None and rec.failures else ADMIT), None
         with self._lock:
             rec = self._breakers.get(tool, BreakerRecord())
             adm, new, transition = admit(rec, clock(), policy)
@@ -66,6 +69,11 @@ class MemoryStore:
     def breaker_force(self, tool: str, state: BreakerState | str, now: float) -> None:
         with self._lock:
             self._breakers[tool] = force(state, now)
+
+    def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
+        with self._lock:
+            self._buckets[tool], wait = take_token(self._buckets.get(tool), rate_per_s, burst, now)
+            return wait
 
     def budget_take(self, task_id: str, limit: int) -> bool:
         with self._lock:

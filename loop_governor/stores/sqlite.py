@@ -21,12 +21,14 @@ from loop_governor.breaker import (
     force,
     record,
 )
+from loop_governor.ratelimit import take_token
 from loop_governor.stores.base import BreakerStatus, Clock
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS breakers (
     tool TEXT PRIMARY KEY, state TEXT NOT NULL, failures INTEGER NOT NULL,
     opened_at REAL NOT NULL, probe_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS rate_buckets (tool TEXT PRIMARY KEY, tokens REAL NOT NULL, ts REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS budgets (task_id TEXT PRIMARY KEY, used INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS known_bad (
     task_id TEXT NOT NULL, call_key TEXT NOT NULL, info TEXT NOT NULL,
@@ -131,6 +133,17 @@ class SQLiteStore:
     def breaker_force(self, tool: str, state: BreakerState | str, now: float) -> None:
         with self._tx() as conn:
             self._put(conn, tool, force(state, now))
+
+    def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
+        with self._tx() as conn:
+            row = conn.execute("SELECT tokens, ts FROM rate_buckets WHERE tool = ?", (tool,)).fetchone()
+            state, wait = take_token((float(row[0]), float(row[1])) if row else None, rate_per_s, burst, now)
+            conn.execute(
+                "INSERT INTO rate_buckets (tool, tokens, ts) VALUES (?, ?, ?) "
+                "ON CONFLICT(tool) DO UPDATE SET tokens = excluded.tokens, ts = excluded.ts",
+                (tool, state[0], state[1]),
+            )
+            return wait
 
     def budget_take(self, task_id: str, limit: int) -> bool:
         with self._tx() as conn:

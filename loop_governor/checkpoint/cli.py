@@ -1,0 +1,177 @@
+"""``loop-governor checkpoints ls | show | rm``: look into a checkpoint store.
+
+After a crash the first questions are "which tasks can resume, and how far did they
+get?"; before a re-run from scratch, "remove this one". A corrupt checkpoint is listed
+as such (never skipped), so it is noticed before a resume trips over it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from loop_governor.checkpoint.base import CheckpointStore
+from loop_governor.checkpoint.errors import CheckpointError
+from loop_governor.checkpoint.model import TaskCheckpoint
+from loop_governor.checkpoint.url import checkpoint_store_from_url
+
+StoreOption = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        envvar="LOOP_GOVERNOR_STORE_URL",
+        help="Checkpoint store URL: file:///dir, sqlite:///path.db, redis://host:port/db.",
+    ),
+]
+TaskArg = Annotated[str, typer.Argument(help="The task id.")]
+
+
+def _open(url: str) -> CheckpointStore:
+    try:
+        return checkpoint_store_from_url(url)
+    except (ValueError, CheckpointError, ImportError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--store") from None
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _preview(value: object, limit: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def ls(store: StoreOption) -> None:
+    """List the tasks with a checkpoint: version, step, completed and known-bad calls."""
+    console = Console()
+    backend = _open(store)
+    try:
+        ids = backend.list()
+        table = Table(title=f"checkpoints in {escape(store)}", title_justify="left")
+        table.add_column("task id", overflow="fold")
+        for name in ("version", "step", "completed", "known-bad", "results"):
+            table.add_column(name, justify="right")
+        table.add_column("updated")
+        corrupt = 0
+        for task_id in ids:
+            try:
+                cp = backend.load(task_id)
+            except CheckpointError as exc:
+                corrupt += 1
+                table.add_row(escape(task_id), "[red]CORRUPT[/red]", "", "", "", "", escape(str(exc)))
+                continue
+            if cp is None:  # deleted between list and load
+                continue
+            table.add_row(
+                escape(task_id),
+                str(cp.version),
+                str(cp.step),
+                str(len(cp.completed)),
+                str(len(cp.known_bad)),
+                str(len(cp.results)),
+                _when(cp.updated_at),
+            )
+        console.print(table)
+        summary = f"{len(ids)} checkpoint(s)"
+        if corrupt:
+            summary += f", [red]{corrupt} corrupt[/red] (left in place; see the quarantine copy)"
+        console.print(summary)
+    finally:
+        backend.close()
+
+
+def show(
+    task_id: TaskArg,
+    store: StoreOption,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checkpoint as JSON.")] = False,
+) -> None:
+    """Show one checkpoint: completed calls, known-bad calls and sub-task results."""
+    console = Console()
+    backend = _open(store)
+    try:
+        cp = _load_or_exit(backend, task_id, console)
+    finally:
+        backend.close()
+    if as_json:
+        typer.echo(json.dumps(cp.model_dump(mode="json"), indent=2, ensure_ascii=False))
+        return
+    console.print(f"[bold]task[/bold] {escape(cp.task_id)}")
+    console.print(
+        f"version {cp.version} · step {cp.step} · schema {cp.schema_version} · updated {_when(cp.updated_at)}"
+    )
+    completed = Table(title=f"completed calls ({len(cp.completed)})", title_justify="left")
+    completed.add_column("call key", overflow="fold")
+    completed.add_column("stored result", overflow="fold")
+    for key, value in cp.completed.items():
+        completed.add_row(escape(key), escape(_preview(value)))
+    console.print(completed)
+    known_bad = Table(title=f"known-bad calls ({len(cp.known_bad)})", title_justify="left")
+    known_bad.add_column("call key", overflow="fold")
+    known_bad.add_column("type")
+    known_bad.add_column("status", justify="right")
+    known_bad.add_column("message", overflow="fold")
+    for key, err in cp.known_bad.items():
+        known_bad.add_row(
+            escape(key),
+            err.error_type.value,
+            "" if err.status is None else str(err.status),
+            escape(err.message),
+        )
+    console.print(known_bad)
+    results = Table(title=f"sub-task results ({len(cp.results)})", title_justify="left")
+    results.add_column("#", justify="right")
+    results.add_column("result", overflow="fold")
+    for i, value in enumerate(cp.results):
+        results.add_row(str(i), escape(_preview(value)))
+    console.print(results)
+    if cp.metadata:
+        console.print(f"metadata: {escape(_preview(cp.metadata, 400))}")
+
+
+def rm(
+    task_id: TaskArg,
+    store: StoreOption,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Remove a task's checkpoint (the task will start from scratch next time)."""
+    console = Console()
+    backend = _open(store)
+    try:
+        if not yes and not typer.confirm(f"Remove the checkpoint of task {task_id!r}?"):
+            raise typer.Exit(1)
+        if not backend.delete(task_id):
+            console.print(f"[red]no checkpoint for task {escape(task_id)!r}[/red]")
+            raise typer.Exit(1)
+    finally:
+        backend.close()
+    console.print(f"removed checkpoint of task {escape(task_id)!r}")
+
+
+def _load_or_exit(backend: CheckpointStore, task_id: str, console: Console) -> TaskCheckpoint:
+    try:
+        cp = backend.load(task_id)
+    except CheckpointError as exc:
+        console.print(f"[red]{escape(str(exc))}[/red]")
+        raise typer.Exit(2) from None
+    if cp is None:
+        console.print(f"[red]no checkpoint for task {escape(task_id)!r}[/red]")
+        raise typer.Exit(1)
+    return cp
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``checkpoints`` command group to the ``loop-governor`` CLI."""
+    group = typer.Typer(help="Inspect and remove task checkpoints.", no_args_is_help=True)
+    group.command("ls")(ls)
+    group.command("show")(show)
+    group.command("rm")(rm)
+    app.add_typer(group, name="checkpoints")

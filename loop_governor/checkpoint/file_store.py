@@ -1,0 +1,299 @@
+"""Checkpoints as one JSON file per task in a directory.
+
+A save is crash-atomic: write a temp file in the same directory, fsync it, ``os.replace``
+it over the old file, fsync the directory. A process killed at any instant leaves either
+the old or the new file, never a torn one (the checksum in the header catches disks that
+lie). Writers in one directory take an ``flock`` on the directory for the
+version-check-and-replace, so the two-writer rule also holds across processes.
+
+File layout (plain JSON, readable with ``jq .checkpoint``)::
+
+    {"lg_checkpoint":1,"version":N,"crc32":"<8 hex>","checkpoint":{...}}
+
+The fixed prefix lets a writer read the stored version from the first bytes alone and
+lets a reader verify the body's checksum on the exact stored bytes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from loop_governor.checkpoint.base import check_task_id
+from loop_governor.checkpoint.codec import CorruptData, decode, encode
+from loop_governor.checkpoint.errors import CheckpointConflictError, CheckpointCorruptedError
+from loop_governor.checkpoint.model import Serializer, TaskCheckpoint
+
+if sys.platform != "win32":
+    import fcntl
+
+SUFFIX = ".ckpt.json"
+QUARANTINE_DIR = ".quarantine"
+_HEADER = re.compile(rb'\{"lg_checkpoint":1,"version":(\d{1,19}),"crc32":"([0-9a-f]{8})","checkpoint":')
+_HEADER_MAX = 160
+_IOV_MAX = 512  # below every platform's IOV_MAX (1024 on Linux and macOS)
+# File names stay well under the common 255-byte limit, leaving room for the
+# quarantine suffix. Longer encodings keep a readable prefix plus a hash.
+_MAX_NAME = 180
+_LONG_PREFIX = 100
+# Bytes kept as-is in file names. Deliberately *lower-case only*: on case-insensitive
+# file systems (macOS, Windows) "Task" and "task" must not map to the same file, so
+# upper-case letters are escaped too. '.' is escaped so no name is '.', '..' or hidden.
+_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def encode_task_id(task_id: str) -> str:
+    """The file-name stem for ``task_id``: percent-encoding over UTF-8 bytes.
+
+    Hand-written instead of ``urllib.parse.quote`` because quote keeps '.', '~' and
+    upper case, which allow '..' and case-insensitive collisions. The encoding is
+    reversible (so ``list`` recovers ids from names) and its output holds only
+    ``[a-z0-9_%-]``: no separator, NUL or dot can reach the file system, so no id can
+    escape the directory. Ids whose encoding is too long for a file name become
+    ``<prefix>~<sha256>``; '~' never occurs in a plain encoding, and the file itself
+    still holds the full id.
+    """
+    raw = check_task_id(task_id).encode("utf-8")
+    stem = "".join(chr(b) if b in _SAFE else f"%{b:02x}" for b in raw)
+    if len(stem) > _MAX_NAME:
+        stem = stem[:_LONG_PREFIX] + "~" + hashlib.sha256(raw).hexdigest()
+    return stem
+
+
+def decode_task_id(stem: str) -> str | None:
+    """Inverse of :func:`encode_task_id`; ``None`` for hashed (long) or foreign names."""
+    if "~" in stem:
+        return None
+    out = bytearray()
+    i = 0
+    try:
+        while i < len(stem):
+            if stem[i] == "%":
+                out.append(int(stem[i + 1 : i + 3], 16))
+                i += 3
+            else:
+                out.append(ord(stem[i]))
+                i += 1
+        return out.decode("utf-8")
+    except (ValueError, IndexError):
+        return None
+
+
+def _writev_all(fd: int, parts: builtins.list[bytes]) -> None:
+    """Write ``parts`` in order with ``writev`` (no joined copy of a large body)."""
+    start = 0
+    while start < len(parts):
+        batch = parts[start : start + _IOV_MAX]
+        written = os.writev(fd, batch)
+        expected = sum(len(p) for p in batch)
+        if written < expected:  # short write: finish this batch the simple way
+            _write_all(fd, b"".join(batch)[written:])
+        start += len(batch)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class FileCheckpointStore:
+    """One crash-atomic JSON file per task under ``directory``."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        serializer: Serializer | None = None,
+        clock: Callable[[], float] = time.time,
+        stale_temp_s: float | None = 3600.0,
+    ) -> None:
+        self.directory = Path(directory)
+        # 0o700: checkpoints hold tool results, which are nobody else's business.
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.serializer = serializer
+        self._clock = clock
+        if stale_temp_s is not None:
+            self.remove_stale_temp_files(stale_temp_s)
+
+    def __repr__(self) -> str:
+        return f"FileCheckpointStore({str(self.directory)!r})"
+
+    def path_for(self, task_id: str) -> Path:
+        """The file that holds ``task_id``'s checkpoint (always inside the directory)."""
+        return self.directory / (encode_task_id(task_id) + SUFFIX)
+
+    # -- public API ------------------------------------------------------------------------
+
+    def save(self, cp: TaskCheckpoint, *, force: bool = False) -> int:
+        path = self.path_for(cp.task_id)
+        now = self._clock()
+        new = cp.version + 1
+        if not force:  # serialize before taking the lock: other writers wait less
+            body, digest = encode(cp, new, now, cp.serializer or self.serializer)
+        with self._locked() as dir_fd:
+            stored = self._stored_version(path, cp.task_id, force)
+            if force:
+                new = max(stored, cp.version) + 1
+                body, digest = encode(cp, new, now, cp.serializer or self.serializer)
+            elif stored != cp.version:
+                raise CheckpointConflictError(cp.task_id, cp.version, stored)
+            header = b'{"lg_checkpoint":1,"version":%d,"crc32":"%s","checkpoint":' % (new, digest.encode())
+            self._replace(path, [header, body, b"}"], dir_fd)
+        cp.version = new
+        cp.updated_at = now
+        return new
+
+    def load(self, task_id: str) -> TaskCheckpoint | None:
+        path = self.path_for(task_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return self._parse(task_id, data)
+        except CorruptData as exc:
+            raise self._corrupted(task_id, path, data, str(exc)) from None
+
+    def delete(self, task_id: str) -> bool:
+        path = self.path_for(task_id)
+        with self._locked() as dir_fd:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return False
+            os.fsync(dir_fd)
+        return True
+
+    def list(self) -> builtins.list[str]:
+        ids: builtins.list[str] = []
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if entry.name.startswith(".") or not entry.name.endswith(SUFFIX):
+                    continue
+                task_id = decode_task_id(entry.name[: -len(SUFFIX)])
+                if task_id is None:  # hashed long id: the file holds the full id
+                    task_id = self._id_from_file(Path(entry.path))
+                if task_id is not None:
+                    ids.append(task_id)
+        return sorted(ids)
+
+    def close(self) -> None:
+        """Nothing to release: files are opened per operation."""
+
+    def remove_stale_temp_files(self, older_than_s: float) -> int:
+        """Delete temp files left by writers killed mid-save; returns how many.
+
+        Runs when a store is created (a restarted agent clears its predecessor's
+        debris). Only files older than ``older_than_s`` go: no save takes that long, so
+        a temp file that old belongs to no live writer.
+        """
+        removed = 0
+        cutoff = self._clock() - older_than_s
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if entry.name.startswith(".tmp-") and entry.name.endswith(".part"):
+                    with contextlib.suppress(OSError):
+                        if entry.stat().st_mtime < cutoff:
+                            os.unlink(entry.path)
+                            removed += 1
+        return removed
+
+    # -- internals -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        """An exclusive ``flock`` on the directory; yields the directory fd (for fsync).
+
+        One lock per directory rather than per task: a lock file per task would have to
+        outlive its checkpoint (deleting a lock file others may hold is a race), and the
+        lock is held only for the check-and-replace, about one fsync.
+        """
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            if sys.platform != "win32":
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+            yield dir_fd
+        finally:
+            os.close(dir_fd)  # closing releases the flock
+
+    def _replace(self, path: Path, parts: builtins.list[bytes], dir_fd: int) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".part")
+        try:
+            try:
+                _writev_all(fd, parts)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.fsync(dir_fd)  # make the rename itself durable
+
+    def _stored_version(self, path: Path, task_id: str, force: bool) -> int:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return 0
+        try:
+            head = os.read(fd, _HEADER_MAX)
+        finally:
+            os.close(fd)
+        match = _HEADER.match(head)
+        if match:
+            return int(match.group(1))
+        if force:
+            return 0
+        data = path.read_bytes()
+        raise self._corrupted(task_id, path, data, "header is not a checkpoint header")
+
+    def _parse(self, task_id: str, data: bytes) -> TaskCheckpoint:
+        match = _HEADER.match(data)
+        if not match or not data.endswith(b"}"):
+            raise CorruptData("not a checkpoint file (header or trailer missing)")
+        body = data[match.end() : -1]
+        return decode(task_id, int(match.group(1)), match.group(2).decode(), body)
+
+    def _id_from_file(self, path: Path) -> str | None:
+        try:
+            data = path.read_bytes()
+            match = _HEADER.match(data)
+            if not match:
+                return None
+            doc = json.loads(data[match.end() : -1])
+            task_id = doc.get("task_id") if isinstance(doc, dict) else None
+            return task_id if isinstance(task_id, str) else None
+        except (OSError, ValueError):
+            return None
+
+    def _corrupted(self, task_id: str, path: Path, data: bytes, reason: str) -> CheckpointCorruptedError:
+        """Write a quarantine copy of ``data`` (once per distinct content) and build the error."""
+        qdir = self.directory / QUARANTINE_DIR
+        qpath = qdir / f"{path.name[: -len(SUFFIX)]}.{hashlib.sha256(data).hexdigest()[:16]}.corrupt"
+        try:
+            qdir.mkdir(mode=0o700, exist_ok=True)
+            if not qpath.exists():
+                # No directory lock here: callers may hold it already, and the copy has
+                # its own content-derived name, so concurrent quarantines write the same.
+                fd, tmp = tempfile.mkstemp(dir=qdir, prefix=".tmp-")
+                try:
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, qpath)
+            quarantine: str | None = str(qpath)
+        except OSError:
+            quarantine = None
+        return CheckpointCorruptedError(task_id, str(path), reason, quarantine)

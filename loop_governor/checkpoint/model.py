@@ -1,0 +1,292 @@
+"""The task checkpoint: what a crashed task needs to resume without repeating itself.
+
+A task that dies after ten tool calls should not pay for (or repeat the side effects of)
+those ten calls again. The checkpoint remembers, per call key (tool + canonical JSON
+arguments), the result of every completed call and the error of every known-bad call,
+plus the sub-task results accumulated so far. The governor consults it before running a
+call and records into it after.
+
+Everything stored is plain JSON (never pickle: a checkpoint is loaded from disk, and
+unpickling is code execution), and every string is passed through
+:func:`loop_governor.redaction.redact` before it is kept, so secrets never reach disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, field_validator
+
+from loop_governor.checkpoint.errors import CheckpointSerializationError
+from loop_governor.errors import GovernedError
+from loop_governor.redaction import redact
+
+SCHEMA_VERSION = 1
+"""Bumped when the stored layout changes incompatibly; newer data is refused, not guessed."""
+
+Serializer = Callable[[Any], Any]
+"""Turns a non-JSON value into a JSON value (like ``json.dumps(default=...)``)."""
+
+_HASHED_KEY_PREFIX = "sha256:"
+
+
+@lru_cache(maxsize=8192)
+def _redact_cached(text: str) -> str:
+    # A checkpoint is rewritten whole on every save, so the same strings are redacted
+    # again and again; ``str`` caches its hash, which makes this lookup O(1) for them.
+    return redact(text)
+
+
+@lru_cache(maxsize=4096)
+def _is_secret_name(name: str) -> bool:
+    """Whether a dict key names a secret (``password``, ``api_key``...).
+
+    Redacting each string on its own would miss ``{"password": "hunter2"}``: neither
+    string looks secret alone. The redaction rules know secret names in ``name=value``
+    form, so ask them about a probe value instead of keeping a second list of names.
+    """
+    probe = f"{name}=probe-value"
+    return _redact_cached(probe) != probe
+
+
+def _redact_field(name: str, value: str) -> str:
+    masked = _redact_cached(f"{name}={value}")
+    prefix = f"{name}="
+    return masked[len(prefix) :] if masked.startswith(prefix) else _redact_cached(value)
+
+
+def storage_key(call_key: str) -> str:
+    """The key a call is stored under.
+
+    Call keys embed the call's arguments, and arguments can carry secrets (an API key
+    passed to a tool). Masking them would make two different calls collide, so a key
+    that redaction would change is stored as its SHA-256 instead: still unique, still
+    found again by hashing the same key, and the secret is not recoverable from it.
+    """
+    if _redact_cached(call_key) == call_key:
+        return call_key
+    return _HASHED_KEY_PREFIX + hashlib.sha256(call_key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def to_json_value(value: Any, serializer: Serializer | None = None, where: str = "value") -> JsonValue:
+    """A detached, redacted JSON copy of ``value``; non-JSON raises a typed error.
+
+    Stricter than ``json.dumps``: tuples, non-string dict keys and NaN/infinity are
+    refused, because they would come back *different* on resume (a list, a string key,
+    invalid JSON). A ``serializer`` is asked to convert any value that is not JSON.
+    """
+    try:
+        return _convert(value, serializer, where)
+    except RecursionError:
+        raise CheckpointSerializationError(f"{where}: nested too deeply (or circular)") from None
+
+
+def _convert(value: Any, serializer: Serializer | None, where: str) -> JsonValue:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return _redact_cached(str.__str__(value))
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return float(value)
+    elif isinstance(value, dict):
+        out: dict[str, JsonValue] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                if serializer is None:
+                    raise CheckpointSerializationError(
+                        f"{where}: dict key {key!r} is a {type(key).__name__}, not a string; "
+                        "JSON would turn it into a string"
+                    )
+                break
+            name = str.__str__(key)
+            if isinstance(item, str) and _is_secret_name(name):
+                out[storage_key(name)] = _redact_field(name, str.__str__(item))
+            else:
+                out[storage_key(name)] = _convert(item, serializer, f"{where}[{key!r}]")
+        else:
+            return out
+    elif isinstance(value, list):
+        return [_convert(item, serializer, f"{where}[{i}]") for i, item in enumerate(value)]
+    if serializer is None:
+        raise CheckpointSerializationError(
+            f"{where}: {type(value).__name__} is not JSON; checkpoints store JSON only "
+            "(pass serializer=... to the checkpoint or the store to convert it)"
+        )
+    converted = serializer(value)
+    if type(converted) is type(value):
+        raise CheckpointSerializationError(
+            f"{where}: serializer returned a {type(value).__name__} again for {type(value).__name__}"
+        )
+    return _convert(converted, serializer, where)
+
+
+class TaskCheckpoint(BaseModel):
+    """The resumable state of one task.
+
+    ``version`` is the store's write counter for this task: ``store.load`` sets it, and
+    ``store.save`` refuses (``CheckpointConflictError``) when the stored counter moved
+    since, so two writers on one task never silently overwrite each other.
+
+    Recorded values are snapshots: change one by recording it again, not by mutating
+    it in place (saves reuse the encoding of values they have seen, by identity).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    task_id: str = Field(min_length=1)
+    step: int = Field(default=0, ge=0)
+    completed: dict[str, JsonValue] = Field(default_factory=dict)
+    known_bad: dict[str, GovernedError] = Field(default_factory=dict)
+    results: list[JsonValue] = Field(default_factory=list)
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+    version: int = Field(default=0, ge=0)
+    updated_at: float | None = None
+    serializer: Serializer | None = Field(default=None, exclude=True, repr=False)
+
+    _frag_completed: dict[str, tuple[object, bytes]] = PrivateAttr(default_factory=dict)
+    _frag_known_bad: dict[str, tuple[object, bytes]] = PrivateAttr(default_factory=dict)
+    _frag_results: list[tuple[object, bytes]] = PrivateAttr(default_factory=list)
+
+    @field_validator("task_id")
+    @classmethod
+    def _valid_task_id(cls, value: str) -> str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("task_id must be valid Unicode (no lone surrogates)") from None
+        return value
+
+    # -- what the governor calls -------------------------------------------------------
+
+    def record_success(self, call_key: str, result: Any) -> None:
+        """Remember a completed call; raises ``CheckpointSerializationError`` if not JSON.
+
+        The stored copy is detached from ``result`` (later mutation of the tool's return
+        value does not change the checkpoint) and redacted.
+        """
+        key = storage_key(call_key)
+        self.completed[key] = to_json_value(result, self.serializer, f"result of {call_key!r}")
+        self.known_bad.pop(key, None)
+
+    def record_failure(self, call_key: str, error: GovernedError | Mapping[str, Any]) -> None:
+        """Remember a known-bad call (permanent failure) and the error the model saw."""
+        info = error if isinstance(error, GovernedError) else GovernedError.model_validate(dict(error))
+        self.known_bad[storage_key(call_key)] = info
+
+    def add_result(self, obj: Any) -> None:
+        """Append a sub-task result (JSON, redacted, detached)."""
+        self.results.append(to_json_value(obj, self.serializer, f"results[{len(self.results)}]"))
+
+    def get_result(self, call_key: str) -> tuple[bool, JsonValue]:
+        """``(True, result)`` if the call completed before, else ``(False, None)``.
+
+        A pair, because ``None`` is a legitimate stored result.
+        """
+        key = storage_key(call_key)
+        if key in self.completed:
+            return True, self.completed[key]
+        return False, None
+
+    def get_failure(self, call_key: str) -> GovernedError | None:
+        """The stored error of a known-bad call, or ``None``."""
+        return self.known_bad.get(storage_key(call_key))
+
+    # -- what the stores call ------------------------------------------------------------
+
+    def encode_body(self, updated_at: float | None, serializer: Serializer | None = None) -> bytes:
+        """The JSON body stores write (ASCII bytes): redacted, validated, no ``version``."""
+        return b"".join(self.encode_parts(updated_at, serializer))
+
+    def encode_parts(self, updated_at: float | None, serializer: Serializer | None = None) -> list[bytes]:
+        """The JSON body as a list of byte strings whose concatenation is the body.
+
+        ``version`` lives in each store's envelope (file header, SQL column, Redis
+        field) because the store, not the writer, decides it.
+
+        Serialized entries are cached per object: a task saves after every call, and
+        re-encoding hundreds of unchanged results each time would cost more than the
+        fsync. Entries are matched by identity, so replacing a value (``record_success``
+        again, or assigning a new object) re-encodes it; values are snapshots and must
+        not be mutated in place after they were recorded. One flat list, joined once:
+        a large body is copied a single time.
+        """
+        ser = self.serializer or serializer
+        parts: list[bytes] = [
+            b'{"schema_version":%d,"task_id":%s,"step":%d,"updated_at":%s,"completed":{'
+            % (self.schema_version, _dump(self.task_id), self.step, _dump(updated_at))
+        ]
+        _encode_entries(parts, self.completed, self._frag_completed, ser, "completed", _plain)
+        parts.append(b'},"known_bad":{')
+        _encode_entries(parts, self.known_bad, self._frag_known_bad, None, "known_bad", _error_doc)
+        parts.append(b'},"results":[')
+        cache = self._frag_results
+        del cache[len(self.results) :]
+        for i, value in enumerate(self.results):
+            if i:
+                parts.append(b",")
+            if i < len(cache) and cache[i][0] is value:
+                parts.append(cache[i][1])
+                continue
+            frag = _dump(to_json_value(value, ser, f"results[{i}]"))
+            if i < len(cache):
+                cache[i] = (value, frag)
+            else:
+                cache.append((value, frag))
+            parts.append(frag)
+        parts.append(b'],"metadata":')
+        parts.append(_dump(to_json_value(self.metadata, ser, "metadata")))
+        parts.append(b"}")
+        return parts
+
+
+# ensure_ascii (the default) keeps bodies pure ASCII: any str, even one with lone
+# surrogates, encodes without error and decodes back identically. One encoder instance:
+# json.dumps with options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def _dump(value: Any) -> bytes:
+    return _ENCODER.encode(value).encode("ascii")
+
+
+def _plain(value: Any, serializer: Serializer | None, where: str) -> JsonValue:
+    return to_json_value(value, serializer, where)
+
+
+def _error_doc(value: Any, serializer: Serializer | None, where: str) -> JsonValue:
+    return to_json_value(value.model_dump(mode="json", exclude_none=True), None, where)
+
+
+def _encode_entries(
+    parts: list[bytes],
+    entries: Mapping[str, Any],
+    cache: dict[str, tuple[object, bytes]],
+    serializer: Serializer | None,
+    section: str,
+    convert: Callable[[Any, Serializer | None, str], JsonValue],
+) -> None:
+    """Append comma-separated ``"key":value`` fragments, reusing ``cache`` for unchanged values."""
+    first = True
+    for key, value in entries.items():
+        if not first:
+            parts.append(b",")
+        first = False
+        hit = cache.get(key)
+        if hit is not None and hit[0] is value:
+            parts.append(hit[1])
+            continue
+        frag = _dump(storage_key(key)) + b":" + _dump(convert(value, serializer, f"{section}[{key!r}]"))
+        cache[key] = (value, frag)
+        parts.append(frag)
+    if len(cache) > len(entries):
+        for key in [k for k in cache if k not in entries]:
+            del cache[key]

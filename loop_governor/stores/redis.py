@@ -1,0 +1,729 @@
+"""Fleet state in Redis: many agent processes share breakers, budgets and rate limits.
+
+Every state change is one Lua script (or one MULTI/EXEC block when there is no branch),
+so a transition is atomic across the fleet: exactly one caller moves an open breaker to
+half-open and gets the probe. The scripts mirror :mod:`loop_governor.breaker` line by
+line (a differential test runs both on random operation sequences); the pure Python
+functions remain the specification.
+
+Hot path: a closed breaker is admitted in one round trip (one HMGET), and the clock is
+read only when the breaker is not closed (then the admit script runs with ``now``). A
+rate-limited tool uses ``admit_rate``: breaker and token bucket in one script call.
+
+Redis unreachable (or misbehaving): the store never raises into the agent. It switches to
+an in-process :class:`MemoryStore`, reports ``store_fallback`` through ``on_event`` and
+the log, retries the connection with capped exponential backoff (inline, at most once
+per backoff interval, with short socket timeouts), and on success merges what happened
+meanwhile (opened breakers, budget spent, known-bad calls, error signatures) back into
+Redis and reports ``store_recovered``.
+
+Keys live under ``<namespace>:`` and every write refreshes a TTL, so a fleet that goes
+away leaves nothing behind for longer than ``ttl_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random as _random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+try:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the redis store needs redis-py: pip install 'loop-governor[redis]'") from exc
+
+from loop_governor.breaker import (
+    ADMIT,
+    ADMIT_DIRTY,
+    Admission,
+    BreakerPolicy,
+    BreakerRecord,
+    BreakerState,
+    Transition,
+    force,
+)
+from loop_governor.redaction import redact
+from loop_governor.stores.base import BreakerStatus, Clock
+from loop_governor.stores.memory import MemoryStore
+
+__all__ = ["RedisStore"]
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[dict[str, Any]], None]
+
+_STATES = {s.value: s for s in BreakerState}
+
+# --- Lua ------------------------------------------------------------------------------
+# Numbers cross the Lua boundary as strings: Redis truncates Lua numbers to integers in
+# replies, and "%.17g" round-trips a double exactly, so Lua compares the same doubles
+# Python would.
+
+_LUA_HELPERS = """
+local function fmt(x) return string.format('%.17g', x) end
+local function load(key)
+  local h = redis.call('HMGET', key, 's', 'f', 'o', 'p')
+  return (h[1] or 'closed'), (tonumber(h[2]) or 0), (tonumber(h[3]) or 0), (tonumber(h[4]) or 0)
+end
+local function put(key, s, f, o, p, ttl)
+  redis.call('HSET', key, 's', s, 'f', f, 'o', fmt(o), 'p', fmt(p))
+  redis.call('PEXPIRE', key, ttl)
+end
+"""
+
+# breaker.admit() for a breaker that was not closed when read. ARGV: now, cooldown_s, ttl_ms.
+# Replies: {'closed', failures} | {'probe', from_state} | {'deny', state, failures, retry_in}
+_ADMIT_LUA = (
+    _LUA_HELPERS
+    + """
+local s, f, o, p = load(KEYS[1])
+if s == 'closed' then return {'closed', tostring(f)} end
+local now, cooldown, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if s == 'open' then
+  local ready_at = o + cooldown
+  if now >= ready_at then
+    put(KEYS[1], 'half_open', f, o, now, ttl)
+    return {'probe', 'open'}
+  end
+  return {'deny', s, tostring(f), fmt(ready_at - now)}
+end
+local stale_at = p + cooldown
+if now >= stale_at then
+  put(KEYS[1], s, f, o, now, ttl)
+  return {'probe', ''}
+end
+return {'deny', s, tostring(f), fmt(stale_at - now)}
+"""
+)
+
+# breaker.record(). ARGV: ok (1/0), probe (1/0), now, failure_threshold, ttl_ms.
+# Reply: {} or {from_state, to_state}.
+_RECORD_LUA = (
+    _LUA_HELPERS
+    + """
+local s, f, o, p = load(KEYS[1])
+local ok, probe = ARGV[1] == '1', ARGV[2] == '1'
+local now, threshold, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if ok then
+  if s == 'closed' then
+    if f ~= 0 then put(KEYS[1], 'closed', 0, 0, 0, ttl) end
+    return {}
+  end
+  if s == 'half_open' and probe then
+    put(KEYS[1], 'closed', 0, 0, 0, ttl)
+    return {'half_open', 'closed'}
+  end
+  return {}
+end
+f = f + 1
+if s == 'half_open' then
+  if probe then
+    put(KEYS[1], 'open', f, now, 0, ttl)
+    return {'half_open', 'open'}
+  end
+  put(KEYS[1], s, f, o, p, ttl)
+  return {}
+end
+if s == 'open' then
+  put(KEYS[1], s, f, o, p, ttl)
+  return {}
+end
+if f >= threshold then
+  put(KEYS[1], 'open', f, now, 0, ttl)
+  return {'closed', 'open'}
+end
+put(KEYS[1], s, f, o, p, ttl)
+return {}
+"""
+)
+
+# Reconvergence after an outage: a breaker that tripped locally is written to Redis
+# unless Redis already holds a non-closed one (the fleet's view wins). ARGV: s, f, o, p, ttl_ms.
+_MERGE_BREAKER_LUA = (
+    _LUA_HELPERS
+    + """
+local s = load(KEYS[1])
+if s ~= 'closed' then return 0 end
+put(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+return 1
+"""
+)
+
+# MemoryStore.budget_take(). ARGV: limit, ttl_ms. Reply 1 (taken) or 0 (spent).
+_BUDGET_LUA = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+if used >= tonumber(ARGV[1]) then return 0 end
+redis.call('INCR', KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# Token bucket. A clock that steps back (another host's) neither refills nor rewinds it.
+# A refused caller takes nothing (the refill so far is kept).
+_TOKEN_LUA = """
+local function take_token(key, rate, burst, now, ttl)
+  local h = redis.call('HMGET', key, 't', 'ts')
+  local tokens, ts = tonumber(h[1]), tonumber(h[2])
+  if tokens == nil or ts == nil then tokens, ts = burst, now end
+  if now > ts then
+    tokens = math.min(burst, tokens + (now - ts) * rate)
+    ts = now
+  end
+  local wait = 0
+  if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+  redis.call('HSET', key, 't', string.format('%.17g', tokens), 'ts', string.format('%.17g', ts))
+  redis.call('PEXPIRE', key, ttl)
+  return wait
+end
+"""
+
+# ARGV: rate_per_s, burst, now, ttl_ms. Reply: seconds to wait ('0' = admitted).
+_RATE_LUA = (
+    _TOKEN_LUA
+    + """
+local wait = take_token(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
+return string.format('%.17g', wait)
+"""
+)
+
+# breaker.admit() and the tool's token bucket in one round trip. The breaker decides
+# first; a refused call takes no token; a call the rate limit holds back takes no probe.
+# KEYS: breaker, bucket. ARGV: now, cooldown_s, breaker_ttl_ms, rate_per_s, burst, bucket_ttl_ms.
+# Replies: as _ADMIT_LUA, or {'wait', seconds}.
+_ADMIT_RATE_LUA = (
+    _LUA_HELPERS
+    + _TOKEN_LUA
+    + """
+local s, f, o, p = load(KEYS[1])
+local now, cooldown, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local probe_from = nil
+if s == 'open' then
+  local ready_at = o + cooldown
+  if now < ready_at then return {'deny', s, tostring(f), fmt(ready_at - now)} end
+  probe_from = 'open'
+elseif s == 'half_open' then
+  local stale_at = p + cooldown
+  if now < stale_at then return {'deny', s, tostring(f), fmt(stale_at - now)} end
+  probe_from = ''
+end
+local wait = take_token(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]), now, ARGV[6])
+if wait > 0 then return {'wait', fmt(wait)} end
+if probe_from == nil then return {'closed', tostring(f)} end
+put(KEYS[1], 'half_open', f, o, now, ttl)
+return {'probe', probe_from}
+"""
+)
+
+
+def _num(x: float) -> str:
+    """A float as text Lua's tonumber reads back to the same double."""
+    return repr(float(x))
+
+
+def _split_options(url: str) -> tuple[str, dict[str, str]]:
+    """Take this store's own options (``?namespace=..&ttl_s=..``) out of a Redis URL, so
+    ``GovernorConfig(store_url=...)`` can set them and redis-py never sees them."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in _URL_OPTIONS}
+    rest = [(k, v) for k, v in query if k not in _URL_OPTIONS]
+    return urlunsplit(parts._replace(query=urlencode(rest))), ours
+
+
+_URL_OPTIONS = ("namespace", "ttl_s")
+
+
+def _mask_url(url: str) -> str:
+    """The URL without its password, for events and logs. (``redact`` alone misses the
+    usual Redis form ``redis://:password@host``, which has no user name.)"""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return redact(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:[REDACTED]@{host}"))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+class _Outage:
+    """What happened locally while Redis was away, kept as deltas to merge back."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.tools: set[str] = set()
+        self.budget_taken: dict[str, int] = {}
+        self.known_bad: dict[str, dict[str, str]] = {}
+        self.signatures: dict[str, dict[str, int]] = {}
+        self.ended: set[str] = set()
+        self.attempts = 0
+
+
+class RedisStore:
+    """The :class:`~loop_governor.stores.base.Store` protocol on Redis, for a fleet of processes.
+
+    ``url``: ``redis://[user:pass@]host:port/db``, ``rediss://...`` or ``unix:///path``;
+    ``?namespace=NS&ttl_s=S`` in the URL set the two options below (arguments win).
+    ``namespace`` prefixes every key (default ``loop-governor``; one per fleet/environment).
+    ``ttl_s``: idle lifetime (default one day) of every key (refreshed on each write; a breaker key also
+    lives at least two cooldowns). Socket timeouts are short on purpose: a slow Redis
+    must degrade to local state, not stall the agent.
+    ``on_event``: called with ``{"event": "store_fallback" | "store_recovered", ...}``.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str | None = None,
+        ttl_s: float | None = None,
+        socket_timeout: float = 0.25,
+        connect_timeout: float = 0.25,
+        reconnect_base_s: float = 0.5,
+        reconnect_max_s: float = 30.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        random: Callable[[], float] | None = None,
+        on_event: EventCallback | None = None,
+        client: redis.Redis | None = None,
+    ) -> None:
+        url, options = _split_options(url)
+        namespace = namespace or options.get("namespace") or "loop-governor"
+        ttl_s = float(ttl_s if ttl_s is not None else options.get("ttl_s", 86_400.0))
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be positive")
+        self.url = url
+        self.safe_url = _mask_url(url)
+        self.namespace = namespace
+        self.ttl_s = ttl_s
+        self.on_event: EventCallback | None = on_event
+        self._prefix = f"{namespace}:"
+        self._ttl_ms = math.ceil(self.ttl_s * 1000)
+        # No client-side retries: a failed command falls back at once instead of
+        # multiplying the timeout (redis-py retries 3 times by default).
+        self._redis: redis.Redis = client or redis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+        self._admit = self._redis.register_script(_ADMIT_LUA)
+        self._record = self._redis.register_script(_RECORD_LUA)
+        self._merge_breaker = self._redis.register_script(_MERGE_BREAKER_LUA)
+        self._budget = self._redis.register_script(_BUDGET_LUA)
+        self._rate = self._redis.register_script(_RATE_LUA)
+        self._admit_rate = self._redis.register_script(_ADMIT_RATE_LUA)
+        self._fallback = MemoryStore()
+        self._monotonic = monotonic
+        self._random = random or _random.Random().random
+        self._reconnect_base = reconnect_base_s
+        self._reconnect_max = reconnect_max_s
+        self._delay = reconnect_base_s
+        self._next_try = 0.0
+        self._outage: _Outage | None = None
+        self._state_lock = threading.Lock()
+        self.fallbacks = 0  # how many times this store fell back (for tests and reports)
+
+    # -- keys ----------------------------------------------------------------------------
+
+    def _bkey(self, tool: str) -> str:
+        return f"{self._prefix}breaker:{tool}"
+
+    def _tkey(self, task_id: str, kind: str) -> str:
+        return f"{self._prefix}task:{task_id}:{kind}"
+
+    def _rkey(self, tool: str) -> str:
+        return f"{self._prefix}rate:{tool}"
+
+    @staticmethod
+    def _bucket_ttl_ms(rate_per_s: float, burst: float) -> int:
+        # A bucket idle for burst/rate seconds is full, the same as no key at all.
+        return max(60_000, math.ceil(2000 * burst / rate_per_s))
+
+    def _breaker_ttl_ms(self, policy: BreakerPolicy) -> int:
+        return max(self._ttl_ms, math.ceil(policy.cooldown_s * 2000) + 60_000)
+
+    # -- health --------------------------------------------------------------------------
+
+    @property
+    def degraded(self) -> bool:
+        """True while operations run on local state because Redis is unreachable."""
+        return self._outage is not None
+
+    def ping(self) -> bool:
+        """One PING, for tools (the CLI) that must not silently use local state."""
+        try:
+            return bool(self._redis.ping())
+        except (redis.RedisError, OSError):
+            return False
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        cb = self.on_event
+        if cb is None:
+            return
+        try:
+            cb(event)
+        except Exception:  # a broken subscriber must not break the agent either
+            log.exception("loop-governor: store event callback failed")
+
+    def _fail(self, op: str, exc: BaseException) -> None:
+        """Redis failed during ``op``: switch to local state (once per outage)."""
+        with self._state_lock:
+            if self._outage is not None:
+                return
+            now = self._monotonic()
+            self._outage = _Outage(now)
+            self._delay = self._reconnect_base
+            self._next_try = now + self._delay
+            self.fallbacks += 1
+        error = redact(f"{type(exc).__name__}: {exc}")
+        log.warning("loop-governor: redis store unreachable (%s); using local state", error)
+        self._emit(
+            {
+                "event": "store_fallback",
+                "store": "redis",
+                "url": self.safe_url,
+                "op": op,
+                "error": error,
+                "retry_in_s": self._delay,
+            }
+        )
+
+    def _available(self) -> bool:
+        """Use Redis for this operation? While degraded, try to reconnect when due."""
+        if self._outage is None:
+            return True
+        if self._monotonic() < self._next_try or not self._state_lock.acquire(blocking=False):
+            return False
+        try:
+            outage = self._outage
+            if outage is None:
+                return True
+            outage.attempts += 1
+            try:
+                self._redis.ping()
+                merged = self._merge(outage)
+            except (redis.RedisError, OSError):
+                self._delay = min(self._reconnect_max, self._delay * 2)
+                # Jitter so a fleet doesn't reconnect in lock-step.
+                self._next_try = self._monotonic() + self._delay * (0.5 + 0.5 * self._random())
+                return False
+            down_s = self._monotonic() - outage.started
+            self._outage = None
+            self._fallback = MemoryStore()
+        finally:
+            self._state_lock.release()
+        log.warning("loop-governor: redis store reachable again after %.1fs; state merged", down_s)
+        self._emit(
+            {
+                "event": "store_recovered",
+                "store": "redis",
+                "url": self.safe_url,
+                "down_s": down_s,
+                "attempts": outage.attempts,
+                "merged": merged,
+            }
+        )
+        return True
+
+    def _merge(self, outage: _Outage) -> dict[str, int]:
+        """Push the outage's local deltas to Redis (one pipeline)."""
+        fb = self._fallback
+        pipe = self._redis.pipeline(transaction=False)
+        tools = 0
+        for tool in sorted(outage.tools):
+            rec = fb.breaker_get(tool)
+            if rec.state is BreakerState.CLOSED:
+                continue  # local successes must not erase the fleet's failures
+            tools += 1
+            ttl = max(self._ttl_ms, 3_600_000)
+            args = [rec.state.value, rec.failures, _num(rec.opened_at), _num(rec.probe_at), ttl]
+            self._merge_breaker(keys=[self._bkey(tool)], args=args, client=pipe)
+        for task_id in sorted(outage.ended):
+            pipe.delete(*(self._tkey(task_id, k) for k in ("budget", "bad", "sig")))
+        for task_id, n in outage.budget_taken.items():
+            key = self._tkey(task_id, "budget")
+            pipe.incrby(key, n)
+            pipe.pexpire(key, self._ttl_ms)
+        for task_id, calls in outage.known_bad.items():
+            key = self._tkey(task_id, "bad")
+            for call, info in calls.items():
+                pipe.hsetnx(key, call, info)
+            pipe.pexpire(key, self._ttl_ms)
+        for task_id, counts in outage.signatures.items():
+            key = self._tkey(task_id, "sig")
+            for sig, n in counts.items():
+                pipe.hincrby(key, sig, n)
+            pipe.pexpire(key, self._ttl_ms)
+        pipe.execute()
+        return {
+            "breakers": tools,
+            "budgets": len(outage.budget_taken),
+            "known_bad": sum(len(c) for c in outage.known_bad.values()),
+            "signatures": sum(len(c) for c in outage.signatures.values()),
+        }
+
+    def _note(self, fn: Callable[[_Outage], None]) -> None:
+        outage = self._outage
+        if outage is not None:
+            fn(outage)
+
+    # -- breakers ------------------------------------------------------------------------
+
+    def breaker_admit(
+        self, tool: str, clock: Clock, policy: BreakerPolicy
+    ) -> tuple[Admission, Transition | None]:
+        if self._available():
+            key = self._bkey(tool)
+            cooldown, ttl = _num(policy.cooldown_s), self._breaker_ttl_ms(policy)
+            try:
+                # Closed (the success path) is a read: one plain HMGET, about a GET's cost.
+                # Otherwise the clock is read and the admit script decides atomically
+                # (it re-reads the state, which may have changed in between).
+                state, failures = self._redis.hmget(key, ["s", "f"])
+                if state is None or state == "closed":
+                    return (ADMIT_DIRTY if failures not in (None, "0") else ADMIT), None
+                reply = self._admit(keys=[key], args=[_num(clock()), cooldown, ttl])
+                return self._admission(reply)
+            except (redis.RedisError, OSError) as exc:
+                self._fail("breaker_admit", exc)
+        self._note(lambda o: o.tools.add(tool))
+        return self._fallback.breaker_admit(tool, clock, policy)
+
+    @staticmethod
+    def _admission(reply: list[str]) -> tuple[Admission, Transition | None]:
+        kind = reply[0]
+        if kind == "closed":  # it closed between our two round trips
+            return (ADMIT_DIRTY if reply[1] != "0" else ADMIT), None
+        if kind == "probe":
+            adm = Admission(True, probe=True, dirty=True, state=BreakerState.HALF_OPEN)
+            transition = (BreakerState.OPEN, BreakerState.HALF_OPEN) if reply[1] == "open" else None
+            return adm, transition
+        if kind == "deny":
+            adm = Admission(False, state=_STATES[reply[1]], retry_in=float(reply[3]), failures=int(reply[2]))
+            return adm, None
+        raise redis.ResponseError(f"unexpected admit reply {reply!r}")
+
+    def breaker_record(
+        self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy
+    ) -> Transition | None:
+        if self._available():
+            args = [
+                "1" if ok else "0",
+                "1" if probe else "0",
+                _num(now),
+                policy.failure_threshold,
+                self._breaker_ttl_ms(policy),
+            ]
+            try:
+                reply = self._record(keys=[self._bkey(tool)], args=args)
+                return (_STATES[reply[0]], _STATES[reply[1]]) if reply else None
+            except (redis.RedisError, OSError) as exc:
+                self._fail("breaker_record", exc)
+        self._note(lambda o: o.tools.add(tool))
+        return self._fallback.breaker_record(tool, ok, probe, now, policy)
+
+    def breaker_get(self, tool: str) -> BreakerRecord:
+        if self._available():
+            try:
+                h = self._redis.hmget(self._bkey(tool), ["s", "f", "o", "p"])
+                return self._to_record(h)
+            except (redis.RedisError, OSError) as exc:
+                self._fail("breaker_get", exc)
+        return self._fallback.breaker_get(tool)
+
+    @staticmethod
+    def _to_record(h: list[Any]) -> BreakerRecord:
+        if h[0] is None:
+            return BreakerRecord()
+        return BreakerRecord(_STATES[str(h[0])], int(h[1] or 0), float(h[2] or 0), float(h[3] or 0))
+
+    def breaker_list(self) -> list[BreakerStatus]:
+        if self._available():
+            try:
+                prefix = self._bkey("")
+                keys = sorted(self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=500))
+                pipe = self._redis.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hmget(key, ["s", "f", "o", "p"])
+                out = []
+                for key, h in zip(keys, pipe.execute(), strict=True):
+                    if h[0] is None:
+                        continue  # expired between SCAN and HMGET
+                    rec = self._to_record(h)
+                    out.append(BreakerStatus(key[len(prefix) :], rec.state, rec.failures, rec.opened_at))
+                return out
+            except (redis.RedisError, OSError) as exc:
+                self._fail("breaker_list", exc)
+        return self._fallback.breaker_list()
+
+    def breaker_force(self, tool: str, state: BreakerState | str, now: float) -> None:
+        rec = force(state, now)
+        if self._available():
+            try:
+                key = self._bkey(tool)
+                pipe = self._redis.pipeline(transaction=True)
+                pipe.hset(key, mapping={"s": rec.state.value, "f": rec.failures, "o": _num(rec.opened_at),
+                                        "p": _num(rec.probe_at)})
+                pipe.pexpire(key, max(self._ttl_ms, 3_600_000))
+                pipe.execute()
+                return
+            except (redis.RedisError, OSError) as exc:
+                self._fail("breaker_force", exc)
+        self._note(lambda o: o.tools.add(tool))
+        self._fallback.breaker_force(tool, state, now)
+
+    # -- per-task state ------------------------------------------------------------------
+
+    def budget_take(self, task_id: str, limit: int) -> bool:
+        if self._available():
+            try:
+                return bool(self._budget(keys=[self._tkey(task_id, "budget")], args=[limit, self._ttl_ms]))
+            except (redis.RedisError, OSError) as exc:
+                self._fail("budget_take", exc)
+        taken = self._fallback.budget_take(task_id, limit)
+        if taken:
+            self._note(lambda o: o.budget_taken.__setitem__(task_id, o.budget_taken.get(task_id, 0) + 1))
+        return taken
+
+    def budget_used(self, task_id: str) -> int:
+        if self._available():
+            try:
+                return int(self._redis.get(self._tkey(task_id, "budget")) or 0)
+            except (redis.RedisError, OSError) as exc:
+                self._fail("budget_used", exc)
+        return self._fallback.budget_used(task_id)
+
+    def known_bad_get(self, task_id: str, key: str) -> str | None:
+        if self._available():
+            try:
+                value = self._redis.hget(self._tkey(task_id, "bad"), key)
+                return None if value is None else str(value)
+            except (redis.RedisError, OSError) as exc:
+                self._fail("known_bad_get", exc)
+        return self._fallback.known_bad_get(task_id, key)
+
+    def known_bad_put(self, task_id: str, key: str, info_json: str) -> None:
+        if self._available():
+            try:
+                hkey = self._tkey(task_id, "bad")
+                pipe = self._redis.pipeline(transaction=True)
+                pipe.hset(hkey, key, info_json)
+                pipe.pexpire(hkey, self._ttl_ms)
+                pipe.execute()
+                return
+            except (redis.RedisError, OSError) as exc:
+                self._fail("known_bad_put", exc)
+        self._note(lambda o: o.known_bad.setdefault(task_id, {}).__setitem__(key, info_json))
+        self._fallback.known_bad_put(task_id, key, info_json)
+
+    def known_bad_count(self, task_id: str) -> int:
+        if self._available():
+            try:
+                return int(self._redis.hlen(self._tkey(task_id, "bad")))
+            except (redis.RedisError, OSError) as exc:
+                self._fail("known_bad_count", exc)
+        return self._fallback.known_bad_count(task_id)
+
+    def signature_hit(self, task_id: str, signature: str) -> int:
+        if self._available():
+            try:
+                hkey = self._tkey(task_id, "sig")
+                pipe = self._redis.pipeline(transaction=True)
+                pipe.hincrby(hkey, signature, 1)
+                pipe.pexpire(hkey, self._ttl_ms)
+                return int(pipe.execute()[0])
+            except (redis.RedisError, OSError) as exc:
+                self._fail("signature_hit", exc)
+
+        def note(o: _Outage) -> None:
+            counts = o.signatures.setdefault(task_id, {})
+            counts[signature] = counts.get(signature, 0) + 1
+
+        self._note(note)
+        return self._fallback.signature_hit(task_id, signature)
+
+    def end_task(self, task_id: str) -> None:
+        if self._available():
+            try:
+                self._redis.delete(*(self._tkey(task_id, k) for k in ("budget", "bad", "sig")))
+                return
+            except (redis.RedisError, OSError) as exc:
+                self._fail("end_task", exc)
+
+        def note(o: _Outage) -> None:
+            o.ended.add(task_id)
+            o.budget_taken.pop(task_id, None)
+            o.known_bad.pop(task_id, None)
+            o.signatures.pop(task_id, None)
+
+        self._note(note)
+        self._fallback.end_task(task_id)
+
+    # -- rate limits (per tool, fleet-wide) ----------------------------------------------
+
+    def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
+        """Take one token from ``tool``'s shared bucket: 0.0 if admitted, else seconds to wait.
+
+        A refused caller took nothing; it should wait the returned time and ask again.
+        While Redis is away each process limits itself to the full rate on its own.
+        """
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError("rate_per_s must be > 0 and burst >= 1")
+        if self._available():
+            args: list[str | int] = [_num(rate_per_s), _num(burst), _num(now), self._bucket_ttl_ms(rate_per_s, burst)]
+            try:
+                reply = self._rate(keys=[self._rkey(tool)], args=args)
+                return float(reply)
+            except (redis.RedisError, OSError) as exc:
+                self._fail("rate_acquire", exc)
+        return self._fallback.rate_acquire(tool, rate_per_s, burst, now)
+
+    def admit_rate(
+        self, tool: str, clock: Clock, policy: BreakerPolicy, rate_per_s: float, burst: float
+    ) -> tuple[Admission, Transition | None, float]:
+        """``breaker_admit`` and ``rate_acquire`` in one round trip, for rate-limited tools.
+
+        Returns ``(admission, transition, wait)``. ``wait > 0``: the rate limit holds the
+        call back; nothing was taken (no token, no probe): wait, then ask again. Otherwise
+        the admission is final, as from ``breaker_admit`` (a refused call took no token).
+        """
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError("rate_per_s must be > 0 and burst >= 1")
+        now = clock()
+        if self._available():
+            args: list[str | int] = [_num(now), _num(policy.cooldown_s), self._breaker_ttl_ms(policy),
+                                     _num(rate_per_s), _num(burst), self._bucket_ttl_ms(rate_per_s, burst)]
+            try:
+                reply = self._admit_rate(keys=[self._bkey(tool), self._rkey(tool)], args=args)
+                if reply[0] == "wait":
+                    return ADMIT, None, float(reply[1])
+                adm, transition = self._admission(reply)
+                return adm, transition, 0.0
+            except (redis.RedisError, OSError) as exc:
+                self._fail("admit_rate", exc)
+        self._note(lambda o: o.tools.add(tool))
+        # Local fallback, not one atomic step: peek at the breaker so a refused call
+        # doesn't spend a token.
+        if self._fallback.breaker_get(tool).state is BreakerState.CLOSED:
+            wait = self._fallback.rate_acquire(tool, rate_per_s, burst, now)
+            if wait > 0:
+                return ADMIT, None, wait
+        adm, transition = self._fallback.breaker_admit(tool, lambda: now, policy)
+        return adm, transition, 0.0
+
+    def close(self) -> None:
+        try:
+            self._redis.close()
+        except (redis.RedisError, OSError):
+            pass

@@ -1,0 +1,36 @@
+"""``loop-governor report TRACE -o report.html``: render a JSONL trace as one HTML page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from loop_governor.trace.report import render_report
+from loop_governor.trace.store import load_trace
+
+
+def report(
+    trace: Annotated[
+        Path,
+        typer.Argument(exists=True, dir_okay=False, readable=True, help="JSONL trace written by the Lens."),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("report.html"),
+) -> None:
+    """Write a self-contained HTML report (token chart, tool timeline, anomalies, prompts)."""
+    loaded = load_trace(trace)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(render_report(loaded), encoding="utf-8")
+    console = Console(stderr=True)
+    console.print(
+        f"[bold]{output}[/bold]: {len(loaded.model_calls)} model calls, {len(loaded.tool_calls)} tool calls, "
+        f"{len(loaded.anomalies)} anomalies"
+        + (f", {loaded.skipped_lines} unreadable lines skipped" if loaded.skipped_lines else "")
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``report`` command to the ``loop-governor`` CLI."""
+    app.command("report")(report)

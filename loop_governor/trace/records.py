@@ -1,0 +1,128 @@
+"""Turning event dicts into redacted, JSON-safe trace records and content-addressed messages.
+
+Why a module of its own: the same canonical form is used for three things that must agree
+byte for byte — the hash that names a message in the snapshot store, the snapshot line
+itself, and the prefix comparison the cache detector makes between consecutive model
+calls. Redaction happens here, before anything is hashed or written, so a secret never
+reaches the trace file, the snapshot store or an OTLP backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from loop_governor.redaction import redact
+
+# Fields whose values are closed vocabularies written by the governor or the adapters
+# (event names, states, enum values): they cannot carry a secret, and skipping them keeps
+# the per-record redaction cost down (redaction is ~11 regex passes per string).
+_SAFE_KEYS = frozenset(
+    {
+        "event",
+        "status",
+        "error_type",
+        "from_state",
+        "to_state",
+        "finish_reason",
+        "kind",
+        "role",
+        "tool",
+        "message_hashes",  # hex digests of already-redacted messages
+    }
+)
+
+_SCALARS = frozenset({int, float, bool})
+
+# Hex digits kept from sha256: 128 bits is far beyond any trace's collision risk and halves
+# the size of the hash lists every model-call record carries.
+HASH_CHARS = 32
+
+
+def canonical_json(value: Any) -> str:
+    """Stable JSON text of ``value``: sorted keys, no whitespace, unknown types as str."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+class Redactor:
+    """Redacts every string leaf of a JSON-like value, memoizing repeated strings.
+
+    Tool names, task ids and error signatures repeat on every event; the memo turns their
+    redaction into a dict lookup. Bounded so a long run cannot grow it without limit.
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._memo: dict[str, str] = {}
+        self._max = max_entries
+
+    def text(self, value: str) -> str:
+        hit = self._memo.get(value)
+        if hit is not None:
+            return hit
+        out = redact(value)
+        if len(value) <= 256:
+            if len(self._memo) >= self._max:
+                self._memo.clear()
+            self._memo[value] = out
+        return out
+
+    def record(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """A redacted copy of a flat event record (the hot case: mostly scalars)."""
+        out: dict[str, Any] = {}
+        for key, value in record.items():
+            if value is None or key in _SAFE_KEYS or type(value) in _SCALARS:
+                out[key] = value
+            else:
+                out[key] = self.value(value, key)
+        return out
+
+    def value(self, value: Any, key: str | None = None) -> Any:
+        if isinstance(value, str):
+            return value if key in _SAFE_KEYS else self.text(value)
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        if isinstance(value, Mapping):
+            return {str(k): self.value(v, str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.value(v) for v in value]
+        return self.text(str(value))
+
+
+class MessageHasher:
+    """Names each message by the hash of its redacted canonical JSON.
+
+    A conversation re-sends its whole prefix every turn, so the memo (keyed by the raw
+    canonical text) makes hashing a turn cost O(new messages) in redaction work.
+    """
+
+    def __init__(self, redactor: Redactor, max_entries: int = 8192) -> None:
+        self._redactor = redactor
+        self._memo: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+        self._max = max_entries
+
+    def digest(self, message: Any) -> tuple[str, Any]:
+        """Return ``(hash, redacted message)`` for one message."""
+        raw = canonical_json(message)
+        hit = self._memo.get(raw)
+        if hit is not None:
+            self._memo.move_to_end(raw)
+            return hit
+        redacted = self._redactor.value(message)
+        digest = hashlib.sha256(canonical_json(redacted).encode("utf-8")).hexdigest()[:HASH_CHARS]
+        out = (digest, redacted)
+        self._memo[raw] = out
+        if len(self._memo) > self._max:
+            self._memo.popitem(last=False)
+        return out
+
+
+def attribute_value(value: Any) -> str | bool | int | float | list[str] | None:
+    """Coerce a record field into something an OpenTelemetry attribute accepts."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return canonical_json(value)

@@ -1,0 +1,174 @@
+"""FileCheckpointStore: names that cannot escape, files that are JSON, corruption that is kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loop_governor.checkpoint import (
+    CheckpointConflictError,
+    CheckpointCorruptedError,
+    FileCheckpointStore,
+    TaskCheckpoint,
+)
+from loop_governor.checkpoint.file_store import decode_task_id, encode_task_id
+
+HOSTILE = [
+    "../x",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "C:\\Windows\\x",
+    "..",
+    ".",
+    ".hidden",
+    "a\x00b",
+    "x" * 10_000,
+    "😀" * 300,
+    "dir/",
+    "%2e%2e",
+]
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_hostile_ids_never_leave_the_directory(tmp_path: Path) -> None:
+    root = tmp_path / "outer"
+    store_dir = root / "store"
+    store = FileCheckpointStore(store_dir)
+    before = _tree(root)
+    for task_id in HOSTILE:
+        path = store.path_for(task_id)
+        assert path.parent == store_dir
+        assert len(path.name.encode()) <= 255
+        store.save(TaskCheckpoint(task_id=task_id))
+    created = _tree(root) - before
+    assert all(p.startswith("store/") and p.count("/") == 1 for p in created), created
+    assert len(created) == len(HOSTILE)
+    assert store.list() == sorted(HOSTILE)
+
+
+def test_case_only_differences_get_different_files(tmp_path: Path) -> None:
+    store = FileCheckpointStore(tmp_path)
+    # different even on a case-insensitive file system (macOS, Windows)
+    assert store.path_for("Task").name.lower() != store.path_for("task").name.lower()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=300))
+def test_encoding_is_safe_and_reversible(task_id: str) -> None:
+    stem = encode_task_id(task_id)
+    assert set(stem) <= set("abcdefghijklmnopqrstuvwxyz0123456789-_%~")
+    assert stem not in ("", ".", "..") and not stem.startswith(".")
+    assert len(stem) <= 180
+    decoded = decode_task_id(stem)
+    assert decoded == task_id or (decoded is None and "~" in stem)
+
+
+def test_file_is_plain_json_with_owner_only_permissions(tmp_path: Path) -> None:
+    store = FileCheckpointStore(tmp_path)
+    cp = TaskCheckpoint(task_id="t", step=2)
+    cp.record_success("k", [1, "two"])
+    store.save(cp)
+    path = store.path_for("t")
+    doc = json.loads(path.read_bytes())
+    assert doc["version"] == 1 and doc["checkpoint"]["completed"] == {"k": [1, "two"]}
+    assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0
+
+
+def _saved(tmp_path: Path) -> tuple[FileCheckpointStore, Path, bytes]:
+    store = FileCheckpointStore(tmp_path)
+    cp = TaskCheckpoint(task_id="victim", step=1)
+    cp.add_result("important")
+    store.save(cp)
+    path = store.path_for("victim")
+    return store, path, path.read_bytes()
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _flip_byte_in_body(data: bytes) -> bytes:
+    i = data.index(b"important")
+    return data[:i] + b"J" + data[i + 1 :]
+
+
+def _garbage(data: bytes) -> bytes:
+    return b"\x00\xff not a checkpoint"
+
+
+def _empty(data: bytes) -> bytes:
+    return b""
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_byte_in_body, _garbage, _empty])
+def test_corrupt_file_raises_keeps_original_and_quarantines_a_copy(tmp_path: Path, damage: object) -> None:
+    store, path, good = _saved(tmp_path)
+    bad = damage(good)  # type: ignore[operator]
+    path.write_bytes(bad)
+    with pytest.raises(CheckpointCorruptedError) as info:
+        store.load("victim")
+    err = info.value
+    assert err.task_id == "victim" and err.location == str(path)
+    assert path.read_bytes() == bad  # original left in place
+    assert err.quarantine is not None and Path(err.quarantine).read_bytes() == bad
+    # asking again raises again (nothing was reset) and writes no second copy
+    with pytest.raises(CheckpointCorruptedError):
+        store.load("victim")
+    assert len(list((tmp_path / ".quarantine").iterdir())) == 1
+    assert store.list() == ["victim"]
+
+
+def test_body_of_another_task_is_corruption(tmp_path: Path) -> None:
+    store = FileCheckpointStore(tmp_path)
+    store.save(TaskCheckpoint(task_id="a"))
+    store.path_for("b").write_bytes(store.path_for("a").read_bytes())
+    with pytest.raises(CheckpointCorruptedError, match="belongs to task 'a'"):
+        store.load("b")
+
+
+def test_save_refuses_to_replace_an_unreadable_file_unless_forced(tmp_path: Path) -> None:
+    store, path, _ = _saved(tmp_path)
+    path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointCorruptedError):
+        store.save(TaskCheckpoint(task_id="victim"))
+    assert path.read_bytes() == b"garbage"
+    store.save(TaskCheckpoint(task_id="victim", step=9), force=True)
+    loaded = store.load("victim")
+    assert loaded is not None and loaded.step == 9
+
+
+def test_conflict_leaves_the_stored_file_untouched(tmp_path: Path) -> None:
+    store, path, good = _saved(tmp_path)
+    with pytest.raises(CheckpointConflictError):
+        store.save(TaskCheckpoint(task_id="victim"))
+    assert path.read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_stale_temp_files_from_killed_writers_are_removed_on_open(tmp_path: Path) -> None:
+    old = tmp_path / ".tmp-abc.part"
+    fresh = tmp_path / ".tmp-def.part"
+    old.write_bytes(b"partial")
+    fresh.write_bytes(b"partial")
+    os.utime(old, (1000.0, 1000.0))
+    os.utime(fresh, (5000.0, 5000.0))
+    FileCheckpointStore(tmp_path, clock=lambda: 5000.0 + 60, stale_temp_s=3600)
+    assert not old.exists() and fresh.exists()
+
+
+def test_long_ids_are_listed_from_the_file_contents(tmp_path: Path) -> None:
+    store = FileCheckpointStore(tmp_path)
+    long_id = "step/" * 100
+    store.save(TaskCheckpoint(task_id=long_id))
+    assert "~" in store.path_for(long_id).name
+    assert store.list() == [long_id]
+    assert FileCheckpointStore(tmp_path).load(long_id) is not None

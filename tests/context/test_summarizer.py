@@ -1,0 +1,117 @@
+"""IncrementalSummarizer with a scripted model: requests survive, DONE marks stick,
+each round only sends the previous summary and the new turns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loop_governor.context import IncrementalSummarizer
+
+
+class ScriptedModel:
+    """A chat model stand-in: ``invoke(messages)`` returns an object with ``.content``."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = list(replies)
+        self.prompts: list[str] = []
+
+    def invoke(self, messages: list[dict[str, str]]) -> Any:
+        self.prompts.append(messages[-1]["content"])
+        reply = self.replies.pop(0)
+        return type("Reply", (), {"content": reply})()
+
+
+def _turn(kind: Any, tag: str, request: str | None, size: int = 2000) -> list[Any]:
+    out: list[Any] = []
+    if request:
+        out.append(kind.user(request))
+    out.append(kind.ai(f"working on {tag}", [(f"{tag}-call", "bash", {"cmd": tag})]))
+    out.append(kind.tool(f"{tag}-call", f"{tag} output " + "x" * size))
+    return out
+
+
+def _all_text(kind: Any, msgs: list[Any]) -> str:
+    return "\n".join(str(kind.text(m)) for m in msgs)
+
+
+def _no_orphans(kind: Any, msgs: list[Any]) -> None:
+    calls, results = set(), set()
+    for m in msgs:
+        if kind.kind == "dict":
+            calls |= {c["id"] for c in m.get("tool_calls") or ()}
+            if m.get("role") == "tool":
+                results.add(m["tool_call_id"])
+        else:
+            calls |= {c["id"] for c in getattr(m, "tool_calls", ())}
+            if m.type == "tool":
+                results.add(m.tool_call_id)
+    assert calls == results
+
+
+def test_pending_requests_survive_three_rounds(kind: Any) -> None:
+    model = ScriptedModel(
+        [
+            "Explored the repo.\nDONE: none",
+            "Wrote the CSV export.\nDONE: R2",
+            "Renamed tests; chart and email still to do.\nDONE: R5, R99",
+        ]
+    )
+    summ = IncrementalSummarizer(model, trigger_tokens=1000, keep_tokens=600)
+    msgs = [kind.system("You are an agent."), kind.user("Build the report tool")]
+    requests = {
+        "a": "R2 please add a CSV export",
+        "b": "also add a PNG chart of the totals",
+        "c": "and email the report to ops@example.com",
+        "d": "rename the tests folder",
+    }
+    msgs += _turn(kind, "t1", requests["a"]) + _turn(kind, "t2", None)
+    msgs = summ.summarize(msgs)
+    msgs += _turn(kind, "t3", requests["b"]) + _turn(kind, "t4", requests["c"])
+    msgs = summ.summarize(msgs)
+    msgs += _turn(kind, "t5", requests["d"]) + _turn(kind, "t6", None) + _turn(kind, "t7", None)
+    msgs = summ.summarize(msgs)
+
+    assert summ.rounds == 3
+    text = _all_text(kind, msgs)
+    by_text = {r.text: r for r in summ.requests}
+    assert by_text[requests["a"]].done and by_text[requests["d"]].done
+    assert not by_text[requests["b"]].done and not by_text[requests["c"]].done
+    for key in ("b", "c"):
+        assert f"[PENDING] R{by_text[requests[key]].id}: {requests[key]}" in text
+    assert f"[DONE] R{by_text[requests['a']].id}" in text
+    assert "Renamed tests; chart and email still to do." in text and "DONE: R5" not in text
+    # protected head untouched, one summary message, no orphaned tool exchanges
+    assert kind.text(msgs[0]) == "You are an agent." and kind.text(msgs[1]) == "Build the report tool"
+    assert sum("[Conversation summary" in str(kind.text(m)) for m in msgs) == 1
+    _no_orphans(kind, msgs)
+    # incremental: round 3 sees round 2's summary, not the turns folded in round 1
+    assert "Wrote the CSV export." in model.prompts[2]
+    assert "t1 output" not in model.prompts[2] and "t1 output" in model.prompts[0]
+
+
+def test_callable_model_and_restart_from_summary_message(kind: Any) -> None:
+    seen: list[str] = []
+
+    def model(prompt: str) -> str:
+        seen.append(prompt)
+        return "Summary so far.\nDONE: none"
+
+    summ = IncrementalSummarizer(model, trigger_tokens=1000, keep_tokens=600)
+    msgs = [kind.system("s"), kind.user("main task")]
+    msgs += _turn(kind, "t1", "first extra request") + _turn(kind, "t2", None)
+    msgs = summ.summarize(msgs)
+    assert summ.pending and "first extra request" in _all_text(kind, msgs)
+    # A new summarizer (process restart) picks the ledger up from the summary message.
+    fresh = IncrementalSummarizer(model, trigger_tokens=1000, keep_tokens=600)
+    msgs += _turn(kind, "t3", "second request") + _turn(kind, "t4", None)
+    msgs = fresh.summarize(msgs)
+    texts = [r.text for r in fresh.pending]
+    assert "first extra request" in texts and "second request" in texts
+    assert "Summary so far." in seen[-1]
+
+
+def test_under_trigger_returns_messages_unchanged(kind: Any) -> None:
+    model = ScriptedModel([])
+    msgs = [kind.system("s"), kind.user("hi"), *_turn(kind, "t1", None, size=10)]
+    out = IncrementalSummarizer(model, trigger_tokens=10_000, keep_tokens=1000).summarize(msgs)
+    assert out == msgs and all(a is b for a, b in zip(out, msgs, strict=True)) and not model.prompts

@@ -1,0 +1,127 @@
+"""Loop guards: no-progress detection, token/cost/time budgets, rate limits."""
+
+from __future__ import annotations
+
+import pytest
+from lg_testing import Backend, VirtualClock
+
+import loop_governor as lg
+from loop_governor.progress import ProgressGuard
+
+VERDICT = "The draft still lacks citations for claims 2 and 5; revise and resubmit."
+
+
+def test_never_satisfied_critic_is_warned_once_then_stopped(gov: lg.Governor) -> None:
+    calls = []
+
+    def critic(draft: str) -> str:
+        calls.append(draft)
+        return VERDICT
+
+    seen = []
+    with gov.task("t") as scope:
+        scope.add_result("draft 0")
+        with pytest.raises(lg.NoProgressError) as err:
+            for round_ in range(100):  # a model that would go on forever
+                seen.append(gov.call("critic", critic, f"draft {round_}"))
+    assert len(calls) == 4
+    assert seen[:2] == [VERDICT, VERDICT]
+    assert "verdict has not changed" in seen[2] and "final answer" in seen[2]
+    assert isinstance(err.value, lg.FatalError) and isinstance(err.value, lg.LoopDetectedError)
+    assert err.value.partial_results == ["draft 0"]
+
+
+def test_changing_verdicts_and_trivial_results_are_progress(gov: lg.Governor) -> None:
+    with gov.task("t"):
+        for i in range(10):
+            gov.call("critic", lambda d: f"issue number {d} remains", i)  # different every time
+        for _ in range(10):
+            assert gov.call("sed", lambda: "0") == "0"  # a bare exit code: trivial
+            assert gov.call("noop", lambda: "") == ""
+
+
+def test_identical_call_with_identical_result_repeated(gov: lg.Governor) -> None:
+    backend = Backend()
+    with gov.task("t"), pytest.raises(lg.NoProgressError):
+        for _ in range(10):
+            gov.call("ls", backend, "/tmp")
+    assert backend.calls == 4
+
+
+def test_guard_is_per_task(gov: lg.Governor) -> None:
+    for task in ("a", "b", "c"):
+        with gov.task(task):
+            for i in range(2):
+                assert gov.call("critic", lambda d: VERDICT, i) == VERDICT
+
+
+def test_progress_guard_annotates_message_like_results() -> None:
+    class Msg:
+        def __init__(self, content: str) -> None:
+            self.content = content
+
+        def model_copy(self, update: dict) -> Msg:
+            return Msg(update["content"])
+
+    guard = ProgressGuard()
+    verdicts = [guard.observe("critic", VERDICT, lambda: "k") for _ in range(4)]
+    assert [v.action for v in verdicts] == ["ok", "ok", "warn", "stop"]
+    from loop_governor.progress import annotate
+
+    original = Msg("x")
+    assert annotate(original, "note").content == "x\n\nnote" and original.content == "x"
+    assert annotate({"content": "y"}, "n") == {"content": "y\n\nn"}
+    assert annotate(42, "n") == 42
+
+
+def test_token_budget_stops_the_next_step(clock: VirtualClock) -> None:
+    gov = lg.Governor(lg.GovernorConfig(max_tokens=1000), clock=clock, sleep=clock.sleep)
+    with gov.task("t") as scope:
+        gov.count_step("model")
+        gov.record_usage("m", input_tokens=900, output_tokens=150)
+        scope.add_result("partial")
+        with pytest.raises(lg.BudgetExhaustedError) as err:
+            gov.count_step("model")
+    assert err.value.info.code == "max_tokens" and err.value.partial_results == ["partial"]
+
+
+def test_cost_budget_uses_the_price_table_with_cache_discount(clock: VirtualClock) -> None:
+    prices = {"gpt-x": lg.ModelPrice(input=2.0, output=8.0, cache_read=0.5)}
+    gov = lg.Governor(lg.GovernorConfig(max_cost=0.01, prices=prices), clock=clock)
+    with gov.task("t") as scope:
+        gov.record_usage("gpt-x", input_tokens=4000, output_tokens=0, cache_read_tokens=4000)
+        assert scope.cost == pytest.approx(4000 * 0.5 / 1e6)
+        gov.count_step()
+        gov.record_usage("gpt-x", input_tokens=2000, output_tokens=1000)
+        with pytest.raises(lg.BudgetExhaustedError, match="max_cost"):
+            gov.call("tool", Backend())
+    with pytest.raises(ValueError, match="price table"):
+        lg.GovernorConfig(max_cost=1.0)
+
+
+def test_wall_clock_budget(clock: VirtualClock) -> None:
+    gov = lg.Governor(lg.GovernorConfig(max_wall_s=30), clock=clock, sleep=clock.sleep)
+    with gov.task("t"):
+        gov.call("tool", Backend())
+        clock.advance(31)
+        with pytest.raises(lg.BudgetExhaustedError, match="max_wall_s"):
+            gov.call("tool", Backend())
+
+
+def test_shared_rate_limit_paces_calls_on_virtual_time(clock: VirtualClock) -> None:
+    gov = lg.Governor(lg.GovernorConfig(rate_limit_per_s=2.0, rate_burst=1), clock=clock, sleep=clock.sleep)
+    backend = Backend()
+    start = clock()
+    for _ in range(5):
+        gov.call("api", backend)
+    assert backend.calls == 5
+    assert clock() - start == pytest.approx(2.0)  # 1 at once, then one every 0.5 s
+
+
+def test_rate_limit_wait_past_the_cap_is_a_transient_outcome(clock: VirtualClock) -> None:
+    config = lg.GovernorConfig(tools={"slow_api": lg.ToolPolicy(rate_limit_per_s=0.01, rate_burst=1)})
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    gov.call("slow_api", Backend())
+    with pytest.raises(lg.TransientError) as err:
+        gov.call("slow_api", Backend())
+    assert err.value.info.code == "rate_limited" and err.value.info.retry_after == 100

@@ -1,0 +1,73 @@
+"""Resume through the governed call: finished and known-bad calls are not made again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from lg_testing import Backend, HTTPError, VirtualClock
+
+import loop_governor as lg
+from loop_governor.checkpoint import FileCheckpointStore
+
+
+def _governor(tmp_path: Path, clock: VirtualClock) -> lg.Governor:
+    config = lg.GovernorConfig(checkpoint_url=f"file://{tmp_path / 'cps'}")
+    return lg.Governor(config, clock=clock, sleep=clock.sleep)
+
+
+def test_resumed_task_skips_completed_and_known_bad_calls(tmp_path: Path, clock: VirtualClock) -> None:
+    search = Backend()
+    missing = Backend(forever=HTTPError(404, "no such doc"))
+    crash = Backend(forever=HTTPError(401, "token expired"))
+    gov = _governor(tmp_path, clock)
+    with gov.task("job-1") as scope:
+        assert gov.call("search", search, "q1") == "ok"
+        scope.add_result({"section": 1})
+        with pytest.raises(lg.PermanentError):
+            gov.call("fetch", missing, doc=7)
+        with pytest.raises(lg.FatalError):
+            gov.call("crm", crash)  # the run stops here
+
+    # a new process: new governor, same checkpoint directory
+    gov2 = _governor(tmp_path, clock)
+    with gov2.task("job-1") as scope:
+        assert scope.results == [{"section": 1}]
+        assert gov2.call("search", search, "q1") == "ok"
+        with pytest.raises(lg.PermanentError) as err:
+            gov2.call("fetch", missing, doc=7)
+        assert gov2.call("search", search, "q2") == "ok"  # new work runs
+        scope.add_result({"section": 2})
+    assert (search.calls, missing.calls) == (2, 1)
+    assert json.loads(err.value.info.to_model_text())["error"]["status"] == 404
+    stored = FileCheckpointStore(tmp_path / "cps").load("job-1")
+    assert stored is not None and stored.results == [{"section": 1}, {"section": 2}]
+
+
+def test_non_json_results_still_succeed_and_are_not_checkpointed(tmp_path: Path, clock: VirtualClock) -> None:
+    gov = _governor(tmp_path, clock)
+    events: list[dict] = []
+    gov.subscribe(events.append)
+    marker = object()
+    with gov.task("job-2"):
+        assert gov.call("make", lambda: marker) is marker
+    assert any(e["event"] == "checkpoint_skipped" for e in events)
+
+
+def test_secrets_never_reach_the_checkpoint_file(tmp_path: Path, clock: VirtualClock) -> None:
+    gov = _governor(tmp_path, clock)
+    with gov.task("job-3"):
+        gov.call("login", lambda: "session ok, api_key=sk-live-abcdefghijklmnopqrst")
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "cps").rglob("*") if p.is_file())
+    assert b"abcdefghijklmnopqrst" not in raw
+
+
+def test_budget_exhaustion_keeps_partial_results_in_the_checkpoint(tmp_path: Path, clock: VirtualClock) -> None:
+    config = lg.GovernorConfig(checkpoint_url=f"file://{tmp_path / 'cps'}", max_steps=3)
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    with gov.task("batch") as scope, pytest.raises(lg.BudgetExhaustedError):
+        for i in range(10):
+            scope.add_result(gov.call("step", lambda n: n * n, i))
+    stored = FileCheckpointStore(tmp_path / "cps").load("batch")
+    assert stored is not None and stored.results == [0, 1, 4]

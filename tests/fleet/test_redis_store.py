@@ -1,0 +1,389 @@
+"""RedisStore against a real redis-server: the same observable behaviour as MemoryStore,
+plus what only a shared store has (atomic Lua transitions, TTLs, namespaces, fallback)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import loop_governor as lg
+from loop_governor.breaker import ADMIT, BreakerPolicy, BreakerRecord, BreakerState
+from loop_governor.stores import MemoryStore, store_from_url
+from loop_governor.stores.redis import RedisStore
+
+pytestmark = pytest.mark.redis
+
+POLICY = BreakerPolicy(failure_threshold=3, cooldown_s=10.0)
+
+
+class FakeClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest, redis_server: Any, namespace: str) -> Iterator[Any]:
+    """The same assertions run on the reference store and on Redis."""
+    st_: Any = MemoryStore() if request.param == "memory" else RedisStore(redis_server.url, namespace=namespace)
+    events: list[dict[str, Any]] = []
+    st_.on_event = events.append
+    yield st_
+    assert events == [], "the store fell back to local state during a test with a healthy server"
+    st_.close()
+
+
+# -- behaviour shared with MemoryStore ----------------------------------------------------
+
+
+def test_breaker_opens_after_threshold_and_lets_one_probe_through(store: Any) -> None:
+    clock = FakeClock(100.0)
+    adm, tr = store.breaker_admit("api", clock, POLICY)
+    assert adm.allowed and not adm.dirty and tr is None
+    assert store.breaker_record("api", False, False, 100.0, POLICY) is None
+    assert store.breaker_admit("api", clock, POLICY)[0].dirty  # a success now must reset the count
+    assert store.breaker_record("api", False, False, 101.0, POLICY) is None
+    assert store.breaker_record("api", False, False, 102.0, POLICY) == (BreakerState.CLOSED, BreakerState.OPEN)
+
+    clock.now = 105.0
+    adm, tr = store.breaker_admit("api", clock, POLICY)
+    assert (adm.allowed, adm.state, adm.retry_in, adm.failures, tr) == (False, BreakerState.OPEN, 7.0, 3, None)
+
+    clock.now = 112.0
+    adm, tr = store.breaker_admit("api", clock, POLICY)
+    assert adm.allowed and adm.probe and tr == (BreakerState.OPEN, BreakerState.HALF_OPEN)
+    second, tr2 = store.breaker_admit("api", clock, POLICY)
+    assert not second.allowed and second.state is BreakerState.HALF_OPEN and tr2 is None
+
+    assert store.breaker_record("api", True, True, 112.5, POLICY) == (BreakerState.HALF_OPEN, BreakerState.CLOSED)
+    assert store.breaker_get("api") == BreakerRecord()
+    assert store.breaker_admit("api", clock, POLICY) == (ADMIT, None)
+
+
+def test_failed_probe_reopens_and_stale_probe_is_replaced(store: Any) -> None:
+    clock = FakeClock(0.0)
+    store.breaker_force("api", "open", 0.0)
+    clock.now = 10.0
+    assert store.breaker_admit("api", clock, POLICY)[0].probe
+    assert store.breaker_record("api", False, True, 10.5, POLICY) == (BreakerState.HALF_OPEN, BreakerState.OPEN)
+    assert store.breaker_get("api").opened_at == 10.5
+    clock.now = 20.5
+    assert store.breaker_admit("api", clock, POLICY)[0].probe
+    # The probe's process dies: after one more cooldown someone else may probe.
+    clock.now = 30.4
+    assert not store.breaker_admit("api", clock, POLICY)[0].allowed
+    clock.now = 30.5
+    adm, tr = store.breaker_admit("api", clock, POLICY)
+    assert adm.probe and tr is None
+
+
+def test_closed_breaker_never_reads_the_clock(store: Any) -> None:
+    def clock() -> float:
+        raise AssertionError("clock read on the closed fast path")
+
+    assert store.breaker_admit("other", clock, POLICY) == (ADMIT, None)
+    store.breaker_force("other", "closed", 1.0)
+    assert store.breaker_admit("other", clock, POLICY) == (ADMIT, None)
+    if isinstance(store, RedisStore):  # (MemoryStore takes its lock and reads it here)
+        store.breaker_record("api", False, False, 1.0, POLICY)
+        assert store.breaker_admit("api", clock, POLICY)[0].dirty
+
+
+def test_breaker_list_and_force(store: Any) -> None:
+    store.breaker_force("b-tool", BreakerState.OPEN, 50.0)
+    store.breaker_force("a-tool", "half_open", 60.0)
+    store.breaker_record("c-tool", False, False, 1.0, POLICY)
+    listed = [(s.tool, s.state, s.failures, s.opened_at) for s in store.breaker_list()]
+    assert listed == [
+        ("a-tool", BreakerState.HALF_OPEN, 0, 60.0),
+        ("b-tool", BreakerState.OPEN, 0, 50.0),
+        ("c-tool", BreakerState.CLOSED, 1, 0.0),
+    ]
+    store.breaker_force("b-tool", "closed", 70.0)
+    assert store.breaker_get("b-tool") == BreakerRecord()
+
+
+def test_task_budget_known_bad_and_signatures(store: Any) -> None:
+    assert [store.budget_take("t1", 2) for _ in range(3)] == [True, True, False]
+    assert store.budget_used("t1") == 2 and store.budget_used("t2") == 0
+    assert store.known_bad_get("t1", "k") is None
+    store.known_bad_put("t1", "k", '{"error":{"type":"permanent"}}')
+    store.known_bad_put("t1", "k2", "{}")
+    assert store.known_bad_get("t1", "k") == '{"error":{"type":"permanent"}}'
+    assert store.known_bad_count("t1") == 2 and store.known_bad_count("t2") == 0
+    assert [store.signature_hit("t1", "sig") for _ in range(3)] == [1, 2, 3]
+    assert store.signature_hit("t2", "sig") == 1
+    store.end_task("t1")
+    assert store.budget_used("t1") == 0 and store.known_bad_count("t1") == 0
+    assert store.signature_hit("t1", "sig") == 1
+    assert store.signature_hit("t2", "sig") == 2
+
+
+def test_tool_and_task_names_with_separators_and_glob_characters(store: Any) -> None:
+    tool = "ns:tool*[x]?\\"
+    store.breaker_force(tool, "open", 1.0)
+    assert [s.tool for s in store.breaker_list()] == [tool]
+    assert store.budget_take("task:with:colons", 1)
+    assert store.budget_used("task:with") == 0
+
+
+# -- the Lua scripts are the pure transition functions -----------------------------------
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "admit_rate", "record_ok", "record_fail", "force"]),
+        st.floats(min_value=0.0, max_value=7.0, allow_nan=False),  # time step
+        st.booleans(),  # probe flag for record
+        st.sampled_from(["closed", "open", "half_open"]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq=ops, threshold=st.integers(1, 4), cooldown=st.sampled_from([0.5, 3.0, 4.7, 10.0]))
+def test_lua_transitions_match_the_python_reference(
+    redis_server: Any, namespace: str, seq: list[tuple[str, float, bool, str]], threshold: int, cooldown: float
+) -> None:
+    policy = BreakerPolicy(threshold, cooldown)
+    ref, red = MemoryStore(), RedisStore(redis_server.url, namespace=namespace)
+    tool = uuid.uuid4().hex
+    now = 1_700_000_000.123  # epoch-sized floats must survive the trip through Lua exactly
+    try:
+        for op, step, probe, state in seq:
+            now += step
+            clock = FakeClock(now)
+            if op == "admit":
+                assert red.breaker_admit(tool, clock, policy) == ref.breaker_admit(tool, clock, policy)
+            elif op == "admit_rate":  # an unlimited rate: exactly the breaker's decision
+                assert red.admit_rate(tool, clock, policy, 1e9, 1e9) == (*ref.breaker_admit(tool, clock, policy), 0.0)
+            elif op == "force":
+                red.breaker_force(tool, state, now)
+                ref.breaker_force(tool, state, now)
+            else:
+                ok = op == "record_ok"
+                expected = ref.breaker_record(tool, ok, probe, now, policy)
+                assert red.breaker_record(tool, ok, probe, now, policy) == expected
+            assert red.breaker_get(tool) == ref.breaker_get(tool)
+        assert red.fallbacks == 0
+    finally:
+        red.close()
+
+
+# -- only a shared store -----------------------------------------------------------------
+
+
+def test_two_stores_share_state_and_namespaces_isolate(redis_server: Any, namespace: str) -> None:
+    a = RedisStore(redis_server.url, namespace=namespace)
+    b = RedisStore(f"{redis_server.url}?namespace={namespace}")
+    other = RedisStore(redis_server.url, namespace=namespace + "-other")
+    a.breaker_force("api", "open", 10.0)
+    assert b.namespace == namespace
+    assert b.breaker_get("api").state is BreakerState.OPEN
+    assert other.breaker_get("api").state is BreakerState.CLOSED
+    assert a.budget_take("t", 1) and not b.budget_take("t", 1)
+    assert other.budget_take("t", 1)
+
+
+def test_every_key_expires(redis_server: Any, namespace: str) -> None:
+    store = RedisStore(redis_server.url, namespace=namespace, ttl_s=120)
+    store.breaker_record("api", False, False, 1.0, POLICY)
+    store.budget_take("t", 5)
+    store.known_bad_put("t", "k", "{}")
+    store.signature_hit("t", "s")
+    assert store.rate_acquire("api", 5.0, 2.0, 1.0) == 0.0
+    r = redis_server.client()
+    keys = list(r.scan_iter(match=f"{namespace}:*"))
+    assert len(keys) == 5
+    for key in keys:
+        assert 0 < r.pttl(key) <= 120_000 + 60_000, key
+
+
+def test_url_options_reach_the_store_not_redis(redis_server: Any, namespace: str) -> None:
+    store = store_from_url(f"{redis_server.url}?namespace={namespace}&ttl_s=30")
+    assert isinstance(store, RedisStore)
+    assert (store.namespace, store.ttl_s) == (namespace, 30.0)
+    store.budget_take("t", 1)
+    assert 0 < redis_server.client().pttl(f"{namespace}:task:t:budget") <= 30_000
+
+
+def test_rate_bucket_refills_at_the_rate_and_caps_at_burst(redis_server: Any, namespace: str) -> None:
+    store = RedisStore(redis_server.url, namespace=namespace)
+    t = 1000.0
+    assert [store.rate_acquire("api", 2.0, 3.0, t) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert store.rate_acquire("api", 2.0, 3.0, t) == pytest.approx(0.5)
+    assert store.rate_acquire("api", 2.0, 3.0, t + 0.25) == pytest.approx(0.25)  # refused callers take nothing
+    assert store.rate_acquire("api", 2.0, 3.0, t + 0.5) == 0.0
+    # A long idle period refills to the burst, not beyond.
+    assert [store.rate_acquire("api", 2.0, 3.0, t + 100) for _ in range(4)][-1] == pytest.approx(0.5)
+    # A clock that steps back neither refills nor breaks the bucket.
+    assert store.rate_acquire("api", 2.0, 3.0, t + 50) > 0
+    assert store.rate_acquire("other", 2.0, 3.0, t) == 0.0
+    with pytest.raises(ValueError):
+        store.rate_acquire("api", 0.0, 3.0, t)
+
+
+def test_admit_rate_is_breaker_then_bucket_in_one_step(redis_server: Any, namespace: str) -> None:
+    store = RedisStore(redis_server.url, namespace=namespace)
+    clock = FakeClock(1000.0)
+    # Closed: each admission takes a token; an empty bucket holds the call back.
+    assert store.admit_rate("api", clock, POLICY, 1.0, 2.0) == (ADMIT, None, 0.0)
+    assert store.admit_rate("api", clock, POLICY, 1.0, 2.0) == (ADMIT, None, 0.0)
+    adm, tr, wait = store.admit_rate("api", clock, POLICY, 1.0, 2.0)
+    assert wait == pytest.approx(1.0) and tr is None
+    # Open: refused by the breaker, and no token is spent on a refused call.
+    store.breaker_force("api", "open", 1000.0)
+    clock.now = 1002.0  # the bucket refilled to its burst of 2
+    adm, tr, wait = store.admit_rate("api", clock, POLICY, 1.0, 2.0)
+    assert (adm.allowed, adm.state, wait) == (False, BreakerState.OPEN, 0.0)
+    assert store.rate_acquire("api", 1.0, 2.0, 1002.0) == 0.0
+    assert store.rate_acquire("api", 1.0, 2.0, 1002.0) == 0.0
+    # Cooldown over but no token: the probe is not consumed, the breaker stays open.
+    clock.now = 1010.0 + 1e-9
+    store.rate_acquire("api", 1.0, 2.0, clock.now)
+    store.rate_acquire("api", 1.0, 2.0, clock.now)
+    adm, tr, wait = store.admit_rate("api", clock, POLICY, 1.0, 2.0)
+    assert wait > 0 and store.breaker_get("api").state is BreakerState.OPEN
+    clock.now += wait
+    adm, tr, wait = store.admit_rate("api", clock, POLICY, 1.0, 2.0)
+    assert adm.probe and tr == (BreakerState.OPEN, BreakerState.HALF_OPEN) and wait == 0.0
+
+
+def test_success_path_costs_one_round_trip(
+    redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A governed call on a closed breaker sends one request to Redis (counted on the socket)."""
+    from redis.connection import Connection
+
+    sent: list[int] = []
+    original = Connection.send_packed_command
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        sent.append(1)
+        original(self, command, check_health)
+
+    store = RedisStore(redis_server.url, namespace=namespace)
+    gov = lg.Governor(lg.GovernorConfig(), store=store, clock=FakeClock(5.0))
+    with gov.task("task-1"):
+        gov.call("warmup", lambda: None)  # first use of a connection: handshake + script load
+        monitor = redis_server.client()
+        reads = monitor.info("commandstats")["cmdstat_hmget"]["calls"]
+        monkeypatch.setattr(Connection, "send_packed_command", counting)
+        for i in range(20):
+            assert gov.call("search", lambda x: x * 2, i) == i * 2
+        assert len(sent) == 20
+        # ... and that request is a plain read, not a script.
+        assert monitor.info("commandstats")["cmdstat_hmget"]["calls"] - reads == 20
+        policy = gov.policy("search").breaker
+        assert store.admit_rate("search", FakeClock(5.0), policy, 100.0, 1000.0)[2] == 0.0
+        assert len(sent) == 22  # (the INFO above) + a rate-limited admission: one round trip too
+        monkeypatch.undo()
+
+
+# -- Redis unreachable --------------------------------------------------------------------
+
+
+def test_unreachable_at_start_never_raises(namespace: str) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    events: list[dict[str, Any]] = []
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", namespace=namespace, on_event=events.append)
+    clock = FakeClock(0.0)
+    assert store.breaker_admit("api", clock, POLICY)[0].allowed
+    assert store.breaker_record("api", False, False, 0.0, POLICY) is None
+    assert store.budget_take("t", 1) and not store.budget_take("t", 1)
+    assert store.rate_acquire("api", 1.0, 1.0, 0.0) == 0.0 and store.rate_acquire("api", 1.0, 1.0, 0.0) == 1.0
+    assert store.admit_rate("other", clock, POLICY, 1.0, 1.0) == (ADMIT, None, 0.0)
+    assert store.admit_rate("other", clock, POLICY, 1.0, 1.0)[2] == 1.0
+    assert store.signature_hit("t", "s") == 1
+    store.known_bad_put("t", "k", "{}")
+    assert store.known_bad_get("t", "k") == "{}" and store.known_bad_count("t") == 1
+    assert store.breaker_list()[0].failures == 1
+    store.end_task("t")
+    assert not store.ping() and store.degraded
+    assert [e["event"] for e in events] == ["store_fallback"]
+    assert events[0]["op"] == "breaker_admit" and "ConnectionError" in events[0]["error"]
+
+
+def test_outage_falls_back_backs_off_and_merges_on_recovery(own_redis_server: Any, namespace: str) -> None:
+    mono = FakeClock(0.0)
+    events: list[dict[str, Any]] = []
+    store = RedisStore(own_redis_server.url, namespace=namespace, monotonic=mono, random=lambda: 1.0,
+                       reconnect_base_s=0.5, reconnect_max_s=4.0)
+    config = lg.GovernorConfig(retry_max_attempts=1, breaker_failure_threshold=2, breaker_cooldown_s=60)
+    now = FakeClock(1000.0)
+    gov = lg.Governor(config, store=store, clock=now)
+    gov.subscribe(events.append)
+    store.on_event = lambda e: gov.emit(e.pop("event"), **e)
+    peer = RedisStore(own_redis_server.url, namespace=namespace)  # another process of the fleet
+
+    def down() -> None:
+        raise ConnectionError("refused")
+
+    assert gov.call("api", lambda: "ok") == "ok"
+    own_redis_server.kill()
+
+    # Calls keep completing; failures are still governed (locally).
+    assert gov.call("api", lambda: "ok") == "ok"
+    assert store.degraded
+    with gov.task("t1"):
+        for _ in range(2):
+            with pytest.raises(lg.TransientError):
+                gov.call("down_api", down)
+        with pytest.raises(lg.CircuitOpenError):
+            gov.call("down_api", lambda: "never runs")
+        store.budget_take("t1", 10)
+    fallback = [e for e in events if e["event"] == "store_fallback"]
+    assert len(fallback) == 1 and fallback[0]["store"] == "redis" and fallback[0]["retry_in_s"] == 0.5
+
+    # Backoff: no reconnect attempt before it's due; a failed attempt doubles the delay.
+    mono.now = 0.6
+    assert gov.call("api", lambda: "ok") == "ok"  # attempt 1 fails, next try at 0.6 + 1.0
+    mono.now = 1.5
+    assert gov.call("api", lambda: "ok") == "ok"  # not due: no attempt
+
+    own_redis_server.start()  # same port, empty (no persistence)
+    assert peer.breaker_get("down_api").state is BreakerState.CLOSED
+    assert gov.call("api", lambda: "ok") == "ok" and store.degraded  # still not due
+    mono.now = 1.7
+    assert gov.call("api", lambda: "ok") == "ok"
+    assert not store.degraded
+    recovered = [e for e in events if e["event"] == "store_recovered"]
+    assert len(recovered) == 1
+    assert recovered[0]["attempts"] == 2 and recovered[0]["down_s"] == pytest.approx(1.7)
+    assert recovered[0]["merged"]["breakers"] == 1
+
+    # Reconverged: the breaker this process tripped alone is now the fleet's.
+    assert peer.breaker_get("down_api").state is BreakerState.OPEN
+    assert not peer.breaker_admit("down_api", now, config.policy_for("down_api").breaker)[0].allowed
+    # Work done during the outage is not lost: task t1 ended, so its keys are gone.
+    assert peer.budget_used("t1") == 0
+    assert store.fallbacks == 1
+
+
+def test_outage_merge_keeps_live_task_state(own_redis_server: Any, namespace: str) -> None:
+    mono = FakeClock(0.0)
+    store = RedisStore(own_redis_server.url, namespace=namespace, monotonic=mono, reconnect_base_s=1.0)
+    peer = RedisStore(own_redis_server.url, namespace=namespace)
+    assert store.budget_take("live", 5)
+    own_redis_server.kill()
+    assert store.budget_take("live", 5)  # local
+    store.known_bad_put("live", "k", '{"x":1}')
+    assert store.signature_hit("live", "sig") == 1
+    own_redis_server.start()
+    peer.signature_hit("live", "sig")  # the fleet kept working on Redis meanwhile
+    mono.now = 2.0
+    assert store.budget_used("live") == 1  # the reconnect merged the outage's deltas first
+    assert peer.known_bad_get("live", "k") == '{"x":1}'
+    assert peer.signature_hit("live", "sig") == 3

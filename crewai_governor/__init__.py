@@ -18,9 +18,11 @@ from crewai_governor._default import resolve_governor
 from crewai_governor.failures import GovernedToolFailure, stop_error
 from crewai_governor.hooks import GovernorHooks, Installation, install
 from crewai_governor.listener import GovernorEventListener
+from crewai_governor.resume import CrewResumeError, rebind_llm, restore_task_outputs, resume_crew
 from crewai_governor.tools import GovernedTool, govern_tool, govern_tools
 
 __all__ = [
+    "CrewResumeError",
     "GovernedTool",
     "GovernedToolFailure",
     "GovernorEventListener",
@@ -29,6 +31,9 @@ __all__ = [
     "govern_tool",
     "govern_tools",
     "install",
+    "rebind_llm",
     "resolve_governor",
+    "restore_task_outputs",
+    "resume_crew",
     "stop_error",
 ]

@@ -6,6 +6,7 @@ LangChain's extension points.
 """
 
 from langchain_governor.callbacks import GovernorCallbackHandler
+from langchain_governor.journal import ToolCallJournal, ToolJournalMiddleware
 from langchain_governor.memory import GovernedChatMessageHistory, make_pre_model_hook
 from langchain_governor.middleware import GovernorMiddleware, GovernorState, MessagePruner
 from langchain_governor.tools import GovernedTool, GovernedToolError, govern_tool, govern_tools
@@ -18,6 +19,8 @@ __all__ = [
     "GovernorMiddleware",
     "GovernorState",
     "MessagePruner",
+    "ToolCallJournal",
+    "ToolJournalMiddleware",
     "govern_tool",
     "govern_tools",
     "make_pre_model_hook",

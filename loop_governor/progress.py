@@ -14,6 +14,7 @@ identical call with the identical result.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,19 @@ class Verdict:
 OK = Verdict("ok")
 
 
+_MARKUP = re.compile(r"</?[A-Za-z_][\w\-]{0,40}/?>")
+_NOISE = re.compile(r"[\W_]+")
+
+
+def _is_trivial(text: str, limit: int) -> bool:
+    """True for results with (almost) no information: an empty output or a bare exit code,
+    also when a harness wraps them (``<returncode>0</returncode><output></output>``)."""
+    if len(text) > 20 * limit + 200:
+        return False
+    body = _NOISE.sub("", _MARKUP.sub("", text))
+    return len(body) <= limit
+
+
 @dataclass(slots=True)
 class ProgressGuard:
     """Per-task streaks: identical results per tool, identical call+result pairs.
@@ -102,7 +116,7 @@ class ProgressGuard:
             self._call_streak = 1
             self._last_key = None
         self._last_hash, self._last_key_fn = digest, key_fn
-        if len(text) <= 4 * self.trivial_chars and len(text.strip()) <= self.trivial_chars:
+        if _is_trivial(text, self.trivial_chars):
             self._by_tool.pop(tool, None)
             return self._judge(tool, self._call_streak)
         prev = self._by_tool.get(tool)

@@ -23,7 +23,7 @@ $(ALL_STAMP): pyproject.toml | $(PY)
 	@touch $@ $(BASE_STAMP)
 
 demo: $(BASE_STAMP)
-	$(VENV)/bin/loop-governor demo
+	$(VENV)/bin/loop-governor bench
 
 test: $(ALL_STAMP)
 	$(PY) -m pytest

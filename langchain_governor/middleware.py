@@ -125,6 +125,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             copy; the model sees its output, the graph state keeps the full history.
         record_messages: include the prompt (as OpenAI-style dicts) in ``model_call``
             events; turn off for very long contexts if the trace size matters.
+        count_steps: count each model call as a step of the task's ``max_steps`` (the
+            default, as the crewAI adapter's ``install(count_steps=...)``); ``False``
+            makes ``max_steps`` a cap on tool calls alone.
     """
 
     state_schema = GovernorState
@@ -135,12 +138,14 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         pruner: MessagePruner | None = None,
         *,
         record_messages: bool = True,
+        count_steps: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         super().__init__()
         self.governor = resolve_governor(governor)
         self.pruner = pruner
         self.record_messages = record_messages
+        self.count_steps = count_steps
         self._clock = clock
         self._tasks = LiveTasks(self.governor)
 
@@ -198,7 +203,10 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     # -- model calls --------------------------------------------------------------------
 
     def _prepare(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
-        self.governor.count_step("model")
+        if self.count_steps:
+            self.governor.count_step("model")
+        elif (scope := self.governor.current_task()) is not None:
+            scope.model_calls += 1  # still reported at task_end, just not a budget step
         if self.pruner is None:
             return request
         before = request.messages

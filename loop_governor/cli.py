@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "loop_governor.context.cli",
     "loop_governor.checkpoint.cli",
     "loop_governor.stores.cli",
+    "loop_governor.bench.cli",
 )
 
 

@@ -154,8 +154,8 @@ class LoopDetectedError(PermanentError):
     """The same tool failed the same way repeatedly in this task: stop repeating it."""
 
 
-class BudgetExhaustedError(FatalError):
-    """A task budget (steps, tokens, cost, time) ran out; carries the partial results."""
+class _RunStopped(FatalError):
+    """A fatal stop that hands back what the task finished before it stopped."""
 
     def __init__(
         self,
@@ -168,7 +168,11 @@ class BudgetExhaustedError(FatalError):
         self.partial_results: list[Any] = list(partial_results or [])
 
 
-class NoProgressError(LoopDetectedError, FatalError):
+class BudgetExhaustedError(_RunStopped):
+    """A task budget (steps, tokens, cost, time) ran out; carries the partial results."""
+
+
+class NoProgressError(LoopDetectedError, _RunStopped):
     """The loop kept going after being told its tool's verdict no longer changes: end the run.
 
     Both a :class:`LoopDetectedError` (what happened) and a :class:`FatalError` (what
@@ -176,16 +180,6 @@ class NoProgressError(LoopDetectedError, FatalError):
     """
 
     default_type = ErrorType.FATAL
-
-    def __init__(
-        self,
-        info: GovernedError | str,
-        *,
-        tool: str | None = None,
-        partial_results: list[Any] | None = None,
-    ) -> None:
-        super().__init__(info, tool=tool)
-        self.partial_results: list[Any] = list(partial_results or [])
 
 
 ERROR_CLASS: dict[ErrorType, type[AgentToolError]] = {

@@ -1,0 +1,172 @@
+"""Runs one scenario instance ("world") for one framework and arm, task by task.
+
+The harness plays the supervisor around the agent, identically for every arm: it
+starts each task, stops it at the deadline, restarts it once after a crash, and
+records what reached the downstream services and what the agent delivered.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from loop_governor.bench.clock import DeadlineExceeded, VirtualClock, participant
+from loop_governor.bench.world import (
+    CURRENT_TASK,
+    RESTART_DELAY_S,
+    TASK_DEADLINE_S,
+    Downstream,
+    Scenario,
+    SimulatedCrash,
+    TaskSpec,
+    unit_hash,
+)
+from loop_governor.checkpoint import MemoryCheckpointStore
+from loop_governor.config import GovernorConfig
+from loop_governor.governor import Governor
+
+ARMS: tuple[str, ...] = ("baseline", "builtins", "governed")
+
+
+@dataclass
+class TaskOutcome:
+    task_id: str
+    scenario: str
+    framework: str
+    arm: str
+    failed: bool
+    reason: str
+    duration_s: float
+    tool_calls: int
+    delivered: int
+    required: int
+    restarts: int
+    peak_concurrency: int = 0
+
+
+@dataclass
+class World:
+    """What the runners need of one scenario instance."""
+
+    seed: int
+    name: str
+    clock: VirtualClock
+    downstream: Downstream
+    rng: random.Random
+    checkpoints: MemoryCheckpointStore = field(default_factory=MemoryCheckpointStore)
+    governor: Governor | None = None
+
+    def new_governor(self) -> Governor:
+        """A governor for a (re)started worker: fresh in-memory state, durable checkpoints.
+
+        A restarted process loses the breakers and budgets it held in memory; the
+        checkpoint store is the durable part (a file or SQLite store in production).
+        """
+        self.governor = Governor(
+            GovernorConfig(),
+            clock=self.clock,
+            sleep=self.clock.sleep,
+            asleep=self.clock.asleep,
+            random=self.rng.random,
+            checkpoint_store=self.checkpoints,
+        )
+        return self.governor
+
+
+class Runner(Protocol):
+    """One framework: runs a task through a real agent of that framework."""
+
+    name: str
+
+    def world(self, arm: str, world: World) -> Any:
+        """A context manager around one world (patches, hook installation)."""
+
+    def run(self, arm: str, spec: TaskSpec, world: World, attempt: int) -> str:
+        """Run the task to its final answer text; raises what the framework raises."""
+
+
+def _run_task(
+    runner: Runner, arm: str, spec: TaskSpec, world: World, delivered_of: Callable[[str], list[str]]
+) -> TaskOutcome:
+    CURRENT_TASK.set(spec.task_id)
+    clock = world.clock
+    started = clock()
+    clock.set_deadline(started + TASK_DEADLINE_S, participant())
+    restarts = 0
+    answer: str | None = None
+    reason = "ok"
+    try:
+        while True:
+            try:
+                answer = runner.run(arm, spec, world, restarts)
+                break
+            except SimulatedCrash:
+                if restarts >= 1:
+                    reason = "crash"
+                    break
+                restarts += 1
+                clock.sleep(RESTART_DELAY_S)
+                if arm == "governed":
+                    world.new_governor()
+    except DeadlineExceeded:
+        reason = "deadline"
+    except Exception as exc:  # the framework stopped the run: that is the outcome
+        reason = type(exc).__name__
+    delivered: list[str] = []
+    if answer is not None:
+        delivered = delivered_of(answer)
+    elif arm == "governed":
+        # The governor checkpointed every completed call: those sub-results survive the stop.
+        cp = world.checkpoints.load(spec.task_id)
+        delivered = [spec.plan[i].sid for i in range(min(len(cp.completed), len(spec.plan)))] if cp else []
+    required = [s.sid for s in spec.plan if s.required]
+    missing = [sid for sid in required if sid not in delivered]
+    if reason == "ok" and missing:
+        reason = "incomplete"
+    calls = sum(1 for r in world.downstream.requests if r.task == spec.task_id)
+    return TaskOutcome(
+        task_id=spec.task_id,
+        scenario=spec.scenario,
+        framework=runner.name,
+        arm=arm,
+        failed=reason != "ok",
+        reason=reason,
+        duration_s=round(clock() - started, 3),
+        tool_calls=calls,
+        delivered=len(set(delivered)),
+        required=len(required),
+        restarts=restarts,
+    )
+
+
+def run_world(
+    runner: Runner, arm: str, scenario: Scenario, seed: int, run_index: int, delivered_of: Callable[[str], list[str]]
+) -> list[TaskOutcome]:
+    name = f"{scenario.name}-r{run_index}"
+    clock = VirtualClock(0.0)
+    downstream = Downstream(clock, seed, name, scenario.faults(), dict(scenario.capacity))
+    world = World(seed, name, clock, downstream, random.Random(int(unit_hash(seed, name, arm) * 2**32)))
+    world.checkpoints = MemoryCheckpointStore(clock=clock)
+    if arm == "governed":
+        world.new_governor()
+    specs = scenario.tasks(name)
+    with runner.world(arm, world):
+        if len(specs) == 1:
+            outcomes = [_run_task(runner, arm, specs[0], world, delivered_of)]
+        else:
+            jobs = [
+                (lambda spec=spec: _run_task(runner, arm, spec, world, delivered_of))
+                for spec in specs
+            ]
+            results = clock.run_concurrently(jobs)
+            outcomes = []
+            for (value, error), spec in zip(results, specs, strict=True):
+                if error is not None:
+                    raise RuntimeError(f"benchmark harness failed on {spec.task_id}") from error
+                outcomes.append(value)
+    peak = downstream.peak_concurrency()
+    for outcome in outcomes:
+        outcome.peak_concurrency = peak
+    return outcomes

@@ -1,0 +1,169 @@
+"""The LangChain arms: every task runs through a real ``langchain.agents.create_agent``.
+
+Only the bench command imports this module (LangChain is an optional extra; ``import
+loop_governor`` never loads it).
+
+* ``baseline`` -- bare ``create_agent``. It aborts the run on any tool exception, so the
+  agent gets the one-line fix users commonly add: a ``wrap_tool_call`` middleware that
+  returns ``str(exc)`` as an error ``ToolMessage``.
+* ``builtins`` -- what LangChain 1.5 ships: ``ToolRetryMiddleware`` at its documented
+  defaults (2 retries of every exception, 1 s initial delay, x2, max 60 s, ±25 % jitter)
+  with ``on_failure="error"`` placed inside ``ToolErrorMiddleware`` (the composition its
+  docstring recommends) that returns ``"<ExcType>: <message>"``, and
+  ``ToolCallLimitMiddleware(run_limit=40, exit_behavior="end")``: 40 calls fit the
+  longest plan (30 items) with room for retries; "end" stops a runaway loop instead of
+  feeding it more error messages.
+* ``governed`` -- ``GovernorMiddleware`` plus ``govern_tools`` (the wrapped tools'
+  results are plain strings, so the governor can checkpoint them and a restarted task
+  resumes; the middleware then only scopes the task and counts model steps).
+
+Virtual time: ``ToolRetryMiddleware`` sleeps with ``time.sleep`` from its own module and
+draws jitter from the global ``random`` module in ``langchain.agents.middleware._retry``;
+it takes no sleep or random argument. For the length of a world, ``world()`` swaps those
+two module attributes (``tool_retry.time`` and ``_retry.random``) for the world's virtual
+clock and a seeded ``random.Random`` (``unittest.mock.patch.object``), and restores them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    ToolCallLimitMiddleware,
+    ToolErrorMiddleware,
+    ToolRetryMiddleware,
+)
+from langchain.agents.middleware import _retry as lc_retry
+from langchain.agents.middleware import tool_retry as lc_tool_retry
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import BaseTool, StructuredTool
+from pydantic import create_model
+
+from langchain_governor import GovernorMiddleware, govern_tools
+from loop_governor.bench.harness import World
+from loop_governor.bench.policy import Answer, decide, model_latency
+from loop_governor.bench.world import TaskSpec
+
+TOOL_CALL_RUN_LIMIT = 40
+
+
+class PolicyChatModel(BaseChatModel):
+    """A LangChain chat model whose replies come from :mod:`loop_governor.bench.policy`."""
+
+    spec: Any
+    world: Any
+
+    @property
+    def _llm_type(self) -> str:
+        return "loop-governor-bench-policy"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> PolicyChatModel:
+        return self
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        spec: TaskSpec = self.spec
+        world: World = self.world
+        turn = sum(1 for m in messages if isinstance(m, AIMessage))
+        world.clock.sleep(model_latency(world.seed, spec.task_id, turn, len(messages)))
+        results = [m.text for m in messages if isinstance(m, ToolMessage)]
+        move = decide(spec, results)
+        if isinstance(move, Answer):
+            reply = AIMessage(content=move.text)
+        else:
+            call = {"name": move.tool, "args": move.kwargs, "id": f"call_{turn}", "type": "tool_call"}
+            reply = AIMessage(content="", tool_calls=[call])
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+def make_tools(spec: TaskSpec, world: World) -> list[BaseTool]:
+    """One LangChain tool per service the plan uses, each a request to the downstream."""
+    schemas: dict[str, dict[str, Any]] = {}
+    for sub in spec.plan:
+        for option in sub.options:
+            fields = schemas.setdefault(option.tool, {})
+            for key, value in option.args:
+                fields[key] = (type(value), ...)
+    tools: list[BaseTool] = []
+    for name, fields in schemas.items():
+
+        schema = create_model(f"{name}_args", **fields)
+        tools.append(
+            StructuredTool.from_function(
+                func=lambda _n=name, **kw: world.downstream.call(_n, kw),
+                name=name,
+                description=f"Call the {name} service.",
+                args_schema=schema,
+            )
+        )
+    return tools
+
+
+class ErrorsAsText(AgentMiddleware[Any, Any, Any]):
+    """The common user fix for create_agent's abort-on-exception: the error as text."""
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        try:
+            return handler(request)
+        except Exception as exc:
+            call = request.tool_call
+            return ToolMessage(content=f"Error: {exc}", tool_call_id=call["id"], name=call["name"], status="error")
+
+
+def _error_text(exc: Exception, request: Any) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class LangChainRunner:
+    name = "langchain"
+
+    @contextlib.contextmanager
+    def world(self, arm: str, world: World) -> Iterator[None]:
+        if arm != "builtins":
+            yield
+            return
+        rng = random.Random(world.rng.random())
+        with (
+            mock.patch.object(lc_tool_retry, "time", SimpleNamespace(sleep=world.clock.sleep)),
+            mock.patch.object(lc_retry, "random", rng),
+        ):
+            yield
+
+    def run(self, arm: str, spec: TaskSpec, world: World, attempt: int) -> str:
+        model = PolicyChatModel(spec=spec, world=world)
+        tools = make_tools(spec, world)
+        middleware: list[Any]
+        if arm == "baseline":
+            middleware = [ErrorsAsText()]
+        elif arm == "builtins":
+            middleware = [
+                ToolCallLimitMiddleware(run_limit=TOOL_CALL_RUN_LIMIT, exit_behavior="end"),
+                ToolErrorMiddleware(_error_text),
+                ToolRetryMiddleware(on_failure="error"),
+            ]
+        else:
+            governor = world.governor
+            assert governor is not None
+            tools = list(govern_tools(tools, governor))
+            middleware = [GovernorMiddleware(governor, record_messages=False, clock=world.clock)]
+        agent = create_agent(model, tools, system_prompt=spec.goal, middleware=middleware)
+        inputs: Any = {"messages": [{"role": "user", "content": spec.goal}]}
+        config: Any = {"recursion_limit": 10_000}
+        if arm == "governed":
+            assert world.governor is not None
+            with world.governor.task(spec.task_id):
+                state = agent.invoke(inputs, config)
+        else:
+            state = agent.invoke(inputs, config)
+        last = state["messages"][-1]
+        return last.text if isinstance(last, AIMessage) else str(last.content)

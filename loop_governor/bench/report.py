@@ -1,0 +1,171 @@
+"""Present benchmark results: a rich table beside the seed's column, and an HTML page.
+
+The HTML page is one self-contained file: inline SVG bar charts, no script, no CDN,
+so it opens offline and can be attached to a ticket. The SVG is written by hand (a few
+rectangles per chart) because a plotting library would be a heavy dependency for that.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loop_governor.bench.harness import ARMS
+
+
+def _minutes(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s:02d} s" if s else f"{m} min"
+
+
+_ROWS: tuple[tuple[str, str, Any], ...] = (
+    ("tool calls per task", "tool_calls_per_task", lambda v: f"{v:.1f}"),
+    ("mean task duration", "mean_duration_s", _minutes),
+    ("failed tasks", "failed_tasks", None),
+    ("failed-task duration", "failed_duration_s", _minutes),
+    ("sub-results delivered on failure", "subtasks_delivered_on_failure", lambda v: f"{v:.1f}"),
+    ("peak downstream concurrency", "peak_downstream_concurrency", str),
+)
+
+
+def _cell(summary: dict[str, Any], key: str, fmt: Any) -> str:
+    if key == "failed_tasks":
+        return f"{summary['failed_tasks']}/{summary['tasks']} ({summary['failure_rate']:.0%})"
+    value = summary[key]
+    return fmt(value) if fmt is not None else str(value)
+
+
+def _seed_cell(column: dict[str, Any], key: str, fmt: Any) -> str:
+    if key not in column:
+        return "-"
+    value = column[key]
+    return value if isinstance(value, str) else (fmt(value) if fmt is not None else str(value))
+
+
+def print_table(result: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"loop-governor bench: seed {result['seed']}, {result['runs']} run(s), "
+        f"frameworks: {', '.join(result['frameworks'])}",
+        caption=result["note"],
+    )
+    table.add_column("metric")
+    table.add_column("seed 004\nungoverned", justify="right", style="dim")
+    table.add_column("seed 004\ngoverned", justify="right", style="dim")
+    for arm in ARMS:
+        table.add_column(arm, justify="right", style="bold green" if arm == "governed" else None)
+    seed = result["seed_published"]
+    for label, key, fmt in _ROWS:
+        table.add_row(
+            label,
+            _seed_cell(seed["ungoverned"], key, fmt),
+            _seed_cell(seed["governed"], key, fmt),
+            *(_cell(result[arm], key, fmt) for arm in ARMS),
+        )
+    console.print(table)
+    per = Table(title="per framework")
+    per.add_column("framework")
+    per.add_column("metric")
+    for arm in ARMS:
+        per.add_column(arm, justify="right")
+    for framework, arms in result["per_framework"].items():
+        for label, key, fmt in _ROWS[:5]:
+            per.add_row(framework, label, *(_cell(arms[arm], key, fmt) for arm in ARMS))
+    console.print(per)
+
+
+# -- HTML --------------------------------------------------------------------------------
+
+_COLORS = {"baseline": "#c0392b", "builtins": "#e67e22", "governed": "#27ae60"}
+
+
+def _bar_chart(title: str, groups: list[tuple[str, dict[str, float]]], unit: str = "") -> str:
+    """A grouped bar chart: one group per label, one bar per arm."""
+    width, height, pad, top = 640, 260, 40, 30
+    peak = max((v for _, values in groups for v in values.values()), default=0.0) or 1.0
+    group_w = (width - 2 * pad) / max(len(groups), 1)
+    bar_w = group_w / (len(ARMS) + 1)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 40}" role="img">',
+        f'<text x="{pad}" y="18" font-weight="bold">{html.escape(title)}</text>',
+        f'<line x1="{pad}" y1="{top + height - pad}" x2="{width - pad}" y2="{top + height - pad}" stroke="#888"/>',
+    ]
+    plot_h = height - pad - top
+    for gi, (label, values) in enumerate(groups):
+        x0 = pad + gi * group_w + bar_w / 2
+        for ai, arm in enumerate(ARMS):
+            value = values.get(arm, 0.0)
+            h = plot_h * value / peak
+            x = x0 + ai * bar_w
+            y = top + height - pad - h
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w * 0.9:.1f}" height="{h:.1f}" fill="{_COLORS[arm]}">'
+                f"<title>{html.escape(f'{label} {arm}: {value:g}{unit}')}</title></rect>"
+            )
+            parts.append(
+                f'<text x="{x + bar_w * 0.45:.1f}" y="{y - 3:.1f}" font-size="10" '
+                f'text-anchor="middle">{value:.3g}</text>'
+            )
+        parts.append(
+            f'<text x="{x0 + bar_w * 1.5:.1f}" y="{top + height - pad + 14}" font-size="11" '
+            f'text-anchor="middle">{html.escape(label)}</text>'
+        )
+    for ai, arm in enumerate(ARMS):
+        parts.append(f'<rect x="{pad + ai * 110}" y="{height + 18}" width="10" height="10" fill="{_COLORS[arm]}"/>')
+        parts.append(f'<text x="{pad + ai * 110 + 14}" y="{height + 27}" font-size="11">{arm}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def html_report(result: dict[str, Any]) -> str:
+    frameworks = result["frameworks"]
+    per = result["per_framework"]
+
+    def groups(key: str, scale: float = 1.0) -> list[tuple[str, dict[str, float]]]:
+        out = [("all", {arm: result[arm][key] * scale for arm in ARMS})]
+        out += [(f, {arm: per[f][arm][key] * scale for arm in ARMS}) for f in frameworks]
+        return out
+
+    scen = [
+        (name.replace("_", " "), {arm: arms[arm]["tool_calls_per_task"] for arm in ARMS})
+        for name, arms in result["per_scenario"].items()
+    ]
+    charts = [
+        _bar_chart("Tool calls per task", groups("tool_calls_per_task")),
+        _bar_chart("Failed tasks (%)", groups("failure_rate", 100.0), "%"),
+        _bar_chart("Mean task duration (virtual minutes)", groups("mean_duration_s", 1 / 60)),
+        _bar_chart("Failed-task duration (virtual minutes)", groups("failed_duration_s", 1 / 60)),
+        _bar_chart("Sub-results delivered when a task fails", groups("subtasks_delivered_on_failure")),
+        _bar_chart("Tool calls per task, by scenario", scen),
+    ]
+    rows = "".join(
+        f"<tr><td>{html.escape(label)}</td>"
+        + f"<td>{html.escape(_seed_cell(result['seed_published']['ungoverned'], key, fmt))}</td>"
+        + f"<td>{html.escape(_seed_cell(result['seed_published']['governed'], key, fmt))}</td>"
+        + "".join(f"<td>{html.escape(_cell(result[arm], key, fmt))}</td>" for arm in ARMS)
+        + "</tr>"
+        for label, key, fmt in _ROWS
+    )
+    settings = html.escape(_pretty(result["settings"]))
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>loop-governor bench</title>"
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
+        "svg{display:block;margin:1em 0}pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}</style></head><body>"
+        f"<h1>loop-governor bench</h1><p><strong>{html.escape(result['note'])}</strong></p>"
+        f"<p>seed {result['seed']}, {result['runs']} run(s), frameworks: {html.escape(', '.join(frameworks))}</p>"
+        "<table><tr><th>metric</th><th>seed 004 ungoverned</th><th>seed 004 governed</th>"
+        + "".join(f"<th>{arm}</th>" for arm in ARMS)
+        + f"</tr>{rows}</table>"
+        + "".join(charts)
+        + f"<h2>Settings (identical faults and model policy for every arm)</h2><pre>{settings}</pre>"
+        "</body></html>"
+    )
+
+
+def _pretty(value: Any) -> str:
+    import json
+
+    return json.dumps(value, indent=2, sort_keys=True)

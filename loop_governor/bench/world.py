@@ -1,0 +1,367 @@
+"""The simulated world: downstream services, their seeded fault schedule, the scenarios.
+
+Everything here is a function of the seed and of *virtual* time, never of which arm
+runs: a search index that answers 429 for 40 minutes does so for the baseline, the
+built-ins and the governed agent alike. Randomness ("flaky" services, model latency)
+is a hash of (seed, world, tool, time slot) or (seed, task, turn), so the same seed
+gives the same faults whatever the agent does in between.
+
+The scenarios are the incidents the seeds describe (see ``SCENARIOS``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loop_governor.bench.clock import VirtualClock
+
+# -- world constants (documented in the README of this package and printed by --json) --
+TOOL_LATENCY_S = 1.5  # one downstream request, success or fast error
+MODEL_BASE_S = 12.0  # one model turn: base latency ...
+MODEL_PER_MESSAGE_S = 0.25  # ... plus this per message in the prompt (longer context, slower turn)
+MODEL_NOISE_S = 4.0  # ... plus a seeded 0..4 s, so concurrent tasks are not in lock-step
+TASK_DEADLINE_S = 45 * 60.0  # a task still running after 45 virtual minutes is stopped: failed
+RESTART_DELAY_S = 60.0  # a crashed worker is restarted once, after this long
+RESULT_PREFIX = "RESULT "  # what a successful tool answer starts with
+
+CURRENT_TASK: contextvars.ContextVar[str] = contextvars.ContextVar("lg_bench_task", default="-")
+"""The benchmark task issuing a request (requests are attributed per task)."""
+
+
+class ServiceError(Exception):
+    """What the fake services raise: shaped like an SDK's HTTP status error."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status_code = status
+        self.headers = headers or {}
+
+
+class SimulatedCrash(BaseException):
+    """The worker process dies mid-task (OOM-kill, deploy): nothing in-process survives.
+
+    A ``BaseException`` so no ``except Exception`` in a framework or the governor turns a
+    process death into text; the harness restarts the task once, as a supervisor would.
+    """
+
+
+def unit_hash(*parts: object) -> float:
+    """A deterministic number in [0, 1) from ``parts`` (stable across processes, unlike hash())."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+# -- the plan a task follows ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to get a sub-task done: a tool call."""
+
+    tool: str
+    args: tuple[tuple[str, Any], ...]
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.args)
+
+
+def opt(tool: str, **kwargs: Any) -> Option:
+    return Option(tool, tuple(sorted(kwargs.items())))
+
+
+@dataclass(frozen=True)
+class SubTask:
+    """A unit of work with its result; options are tried in order (primary first)."""
+
+    sid: str
+    options: tuple[Option, ...]
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    task_id: str
+    scenario: str
+    goal: str
+    plan: tuple[SubTask, ...]
+
+    @property
+    def tools(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for sub in self.plan:
+            for option in sub.options:
+                seen.setdefault(option.tool, None)
+        return list(seen)
+
+
+Fault = Callable[["Downstream", str, dict[str, Any], float], BaseException | None]
+"""(world, tool, args, seconds since the world started) -> the failure to raise, or None."""
+
+
+@dataclass
+class Request:
+    task: str
+    tool: str
+    start: float
+    end: float
+    ok: bool
+
+
+@dataclass
+class Downstream:
+    """All services of one world: runs requests on virtual time, records every one."""
+
+    clock: VirtualClock
+    seed: int
+    world: str
+    faults: dict[str, Fault]
+    capacity: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0
+    requests: list[Request] = field(default_factory=list)
+    inflight: dict[str, int] = field(default_factory=dict)
+    crashed: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call(self, tool: str, kwargs: dict[str, Any]) -> str:
+        start = self.clock()
+        with self.lock:
+            load = self.inflight.get(tool, 0) + 1
+            self.inflight[tool] = load
+        fault: BaseException | None
+        cap = self.capacity.get(tool)
+        if cap is not None and load > cap:
+            fault = ServiceError(503, f"{tool} overloaded, try later")
+        else:
+            rule = self.faults.get(tool)
+            fault = rule(self, tool, kwargs, start - self.started_at) if rule is not None else None
+        try:
+            self.clock.sleep(TOOL_LATENCY_S)
+        finally:
+            with self.lock:
+                self.inflight[tool] -= 1
+                self.requests.append(Request(CURRENT_TASK.get(), tool, start, self.clock(), fault is None))
+        if fault is not None:
+            raise fault
+        arg_text = ",".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
+        return f"{RESULT_PREFIX}{tool}({arg_text}) ok"
+
+    def peak_concurrency(self, tool: str | None = None) -> int:
+        """Most requests in flight at once (to ``tool``, or any single service)."""
+        peak = 0
+        tools = {tool} if tool is not None else {r.tool for r in self.requests}
+        for name in tools:
+            edges = sorted(
+                [(r.start, 1) for r in self.requests if r.tool == name]
+                + [(r.end, -1) for r in self.requests if r.tool == name],
+                key=lambda e: (e[0], e[1]),
+            )
+            level = 0
+            for _, delta in edges:
+                level += delta
+                peak = max(peak, level)
+        return peak
+
+
+# -- fault rules --------------------------------------------------------------------------
+
+
+def flaky(p: float, slot_s: float = 1.0, status: int = 503) -> Fault:
+    """Fails ``p`` of the (1-second) time slots: a function of virtual time, identical for every arm."""
+
+    def rule(ds: Downstream, tool: str, kwargs: dict[str, Any], t: float) -> BaseException | None:
+        if unit_hash(ds.seed, ds.world, tool, int(t // slot_s)) < p:
+            return ServiceError(status, f"{tool} temporarily unavailable")
+        return None
+
+    return rule
+
+
+def window(start_s: float, end_s: float, make: Callable[[], BaseException], then: Fault | None = None) -> Fault:
+    """``make()`` during [start_s, end_s) of world time; ``then`` (or success) otherwise."""
+
+    def rule(ds: Downstream, tool: str, kwargs: dict[str, Any], t: float) -> BaseException | None:
+        if start_s <= t < end_s:
+            return make()
+        return then(ds, tool, kwargs, t) if then is not None else None
+
+    return rule
+
+
+def always(make: Callable[[], BaseException]) -> Fault:
+    return window(0.0, float("inf"), make)
+
+
+def rate_limited() -> BaseException:
+    return ServiceError(429, "rate limit exceeded for search", {"Retry-After": "75"})
+
+
+def crash_once_at(item: int, then: Fault) -> Fault:
+    """The worker dies the first time it processes ``item``."""
+
+    def rule(ds: Downstream, tool: str, kwargs: dict[str, Any], t: float) -> BaseException | None:
+        if kwargs.get("item") == item and tool not in ds.crashed:
+            ds.crashed.add(tool)
+            return SimulatedCrash(f"worker killed while processing item {item}")
+        return then(ds, tool, kwargs, t)
+
+    return rule
+
+
+def bad_priority(ds: Downstream, tool: str, kwargs: dict[str, Any], t: float) -> BaseException | None:
+    if kwargs.get("priority") not in {"low", "normal", "high"}:
+        return ServiceError(422, f"invalid value {kwargs.get('priority')!r} for priority: use low|normal|high")
+    return None
+
+
+def missing_doc(ds: Downstream, tool: str, kwargs: dict[str, Any], t: float) -> BaseException | None:
+    if kwargs.get("doc_id") == "Q3-report":
+        return ServiceError(404, "document 'Q3-report' not found")
+    return None
+
+
+# -- scenarios ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One incident: the tasks that run concurrently in it and the services' faults."""
+
+    name: str
+    title: str
+    tasks: Callable[[str], list[TaskSpec]]
+    faults: Callable[[], dict[str, Fault]]
+    capacity: dict[str, int] = field(default_factory=dict)
+
+
+def _rate_limited_tasks(prefix: str) -> list[TaskSpec]:
+    plan = (
+        *(
+            SubTask(sid, (opt("search", query=q), opt("search_backup", query=q)))
+            for sid, q in (("search-a", "agent loop failures"), ("search-b", "retry storms"))
+        ),
+        SubTask("fetch", (opt("fetch_doc", doc_id="postmortem-7"),)),
+    )
+    return [TaskSpec(f"{prefix}-0", "rate_limited_search", "Research agent loop failures.", plan)]
+
+
+def _missing_doc_tasks(prefix: str) -> list[TaskSpec]:
+    plan = (
+        SubTask("search", (opt("search", query="Q3 revenue"),)),
+        SubTask("doc", (opt("fetch_doc", doc_id="Q3-report"), opt("search_archive", query="Q3 report"))),
+        SubTask("prices", (opt("pricing_api", sku="sku-1"),)),
+    )
+    return [TaskSpec(f"{prefix}-0", "missing_document", "Summarize the Q3 report.", plan)]
+
+
+def _invalid_args_tasks(prefix: str) -> list[TaskSpec]:
+    plan = (
+        SubTask("lookup", (opt("crm_lookup", account="acme"),)),
+        SubTask(
+            "ticket",
+            (
+                opt("create_ticket", account="acme", priority="urgent"),
+                opt("create_ticket", account="acme", priority="high"),
+            ),
+        ),
+        SubTask("notify", (opt("notify", channel="support"),)),
+    )
+    return [TaskSpec(f"{prefix}-0", "invalid_arguments", "Open a support ticket for ACME.", plan)]
+
+
+def _credentials_tasks(prefix: str) -> list[TaskSpec]:
+    plan = tuple(SubTask(f"update-{i}", (opt("crm_update", account=f"acct-{i}"),)) for i in range(1, 9))
+    return [TaskSpec(f"{prefix}-0", "credentials_expire", "Update eight CRM accounts.", plan)]
+
+
+def _outage_tasks(prefix: str) -> list[TaskSpec]:
+    plan = (
+        SubTask("orders", (opt("orders_api", day="today"),)),
+        *(
+            SubTask(f"stock-{s}", (opt("inventory_api", sku=s), opt("inventory_replica", sku=s)))
+            for s in ("a", "b", "c")
+        ),
+        SubTask("report", (opt("notify", channel="ops"),)),
+    )
+    return [TaskSpec(f"{prefix}-0", "downstream_outage", "Reconcile today's orders with stock.", plan)]
+
+
+def _workflow_tasks(prefix: str) -> list[TaskSpec]:
+    plan = tuple(SubTask(f"step-{i:02d}", (opt(f"step_{i:02d}", ref="wf-1"),)) for i in range(1, 18))
+    return [TaskSpec(f"{prefix}-0", "workflow_17_tools", "Run the 17-step onboarding workflow.", plan)]
+
+
+def _batch_tasks(prefix: str) -> list[TaskSpec]:
+    plan = tuple(SubTask(f"item-{i:02d}", (opt("process_item", item=i),)) for i in range(1, 31))
+    return [TaskSpec(f"{prefix}-0", "batch_crash_at_18", "Process the 30-item batch.", plan)]
+
+
+def _concurrent_tasks(prefix: str) -> list[TaskSpec]:
+    out = []
+    for n in range(5):
+        plan = tuple(
+            SubTask(f"quote-{k}", (opt("quote_service", symbol=f"S{n}{k}"), opt("quote_cache", symbol=f"S{n}{k}")))
+            for k in range(3)
+        )
+        out.append(TaskSpec(f"{prefix}-{n}", "concurrent_flaky", f"Price basket {n}.", plan))
+    return out
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "rate_limited_search",
+        "search answers 429 (Retry-After 75 s) for 40 minutes",
+        _rate_limited_tasks,
+        lambda: {"search": window(0, 40 * 60, rate_limited), "search_backup": flaky(0.05)},
+    ),
+    Scenario(
+        "missing_document",
+        "a document that is permanently missing (404)",
+        _missing_doc_tasks,
+        lambda: {"fetch_doc": missing_doc, "search": flaky(0.05)},
+    ),
+    Scenario(
+        "invalid_arguments",
+        "the model's first arguments are invalid (422)",
+        _invalid_args_tasks,
+        lambda: {"create_ticket": bad_priority},
+    ),
+    Scenario(
+        "credentials_expire",
+        "credentials expire mid-task (401 after the first minute)",
+        _credentials_tasks,
+        lambda: {"crm_update": window(60, float("inf"), lambda: ServiceError(401, "token expired"))},
+    ),
+    Scenario(
+        "downstream_outage",
+        "inventory service down for 30 minutes (503)",
+        _outage_tasks,
+        lambda: {"inventory_api": window(20, 20 + 30 * 60, lambda: ServiceError(503, "service unavailable"))},
+    ),
+    Scenario(
+        "workflow_17_tools",
+        "a 17-tool workflow over flaky services (8% of time slots fail)",
+        _workflow_tasks,
+        lambda: {f"step_{i:02d}": flaky(0.08) for i in range(1, 18)},
+    ),
+    Scenario(
+        "batch_crash_at_18",
+        "a 30-step batch whose worker crashes at step 18 (restarted once)",
+        _batch_tasks,
+        lambda: {"process_item": crash_once_at(18, flaky(0.05))},
+    ),
+    Scenario(
+        "concurrent_flaky",
+        "5 concurrent tasks on one flaky service (capacity 2 in flight)",
+        _concurrent_tasks,
+        lambda: {"quote_service": flaky(0.10)},
+        capacity={"quote_service": 2},
+    ),
+)
+
+SCENARIO_BY_NAME = {s.name: s for s in SCENARIOS}

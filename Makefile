@@ -10,7 +10,7 @@ ALL_STAMP  := $(VENV)/.stamp-all
 .PHONY: demo test lint typecheck bench-hotpath clean
 
 $(PY):
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "loop-governor needs Python >= 3.10"'
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "make demo / make test need Python >= 3.11 (langchain-core 1.8)"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 

@@ -288,9 +288,10 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
                 return handler(request)
             call = request.tool_call
             try:
-                result: ToolResult = passthrough(
-                    self.governor.call(call["name"], _shield(handler, request), key_args((), call["args"]))
-                )
+                with self.governor.call_context(tool_call_id=call.get("id")):
+                    result: ToolResult = passthrough(
+                        self.governor.call(call["name"], _shield(handler, request), key_args((), call["args"]))
+                    )
             except lg.FatalError:
                 raise
             except lg.AgentToolError as exc:
@@ -307,11 +308,10 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
                 return await handler(request)
             call = request.tool_call
             try:
-                result: ToolResult = passthrough(
-                    await self.governor.acall(
-                        call["name"], _ashield(handler, request), key_args((), call["args"])
+                with self.governor.call_context(tool_call_id=call.get("id")):
+                    result: ToolResult = passthrough(
+                        await self.governor.acall(call["name"], _ashield(handler, request), key_args((), call["args"]))
                     )
-                )
             except lg.FatalError:
                 raise
             except lg.AgentToolError as exc:

@@ -58,6 +58,8 @@ _MISSING: Any = object()
 Subscriber = Callable[[dict[str, Any]], None]
 
 _SCOPE: ContextVar[TaskScope | None] = ContextVar("loop_governor_task", default=None)
+# Framework facts about the call in flight (e.g. LangChain's tool_call_id) for its events.
+_CALL_META: ContextVar[dict[str, Any] | None] = ContextVar("loop_governor_call_meta", default=None)
 
 
 def call_key(tool: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> str:
@@ -222,6 +224,9 @@ class Governor:
             return
         scope = _SCOPE.get()
         record = {"event": event, "ts": self.clock(), "task_id": scope.task_id if scope is not None else None}
+        meta = _CALL_META.get()
+        if meta:
+            record.update(meta)
         record.update(fields)
         for fn in self._subscribers:
             try:
@@ -238,6 +243,17 @@ class Governor:
     @staticmethod
     def current_task() -> TaskScope | None:
         return _SCOPE.get()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def call_context(**fields: Any) -> Iterator[None]:
+        """Attach framework facts (``tool_call_id=...``) to every event of the calls made
+        inside: an extra keyword on :meth:`call` would collide with the tool's arguments."""
+        token = _CALL_META.set(fields)
+        try:
+            yield
+        finally:
+            _CALL_META.reset(token)
 
     @staticmethod
     @contextlib.contextmanager

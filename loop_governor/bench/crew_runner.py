@@ -42,7 +42,7 @@ from crewai import Agent, Crew, Task  # noqa: E402
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from crewai.tools import BaseTool  # noqa: E402
 from crewai.tools.tool_failure import ToolFailure, ToolFailureReason  # noqa: E402
-from pydantic import BaseModel, PrivateAttr, create_model  # noqa: E402
+from pydantic import BaseModel, PrivateAttr  # noqa: E402
 
 from crewai_governor import govern_tools, install  # noqa: E402
 from loop_governor.bench.harness import World  # noqa: E402
@@ -126,17 +126,9 @@ class ServiceTool(BaseTool):
 
 
 def make_tools(spec: TaskSpec, world: World, *, as_failure: bool) -> list[BaseTool]:
-    schemas: dict[str, dict[str, Any]] = {}
-    for sub in spec.plan:
-        for option in sub.options:
-            fields = schemas.setdefault(option.tool, {})
-            for key, value in option.args:
-                fields[key] = (type(value), ...)
     tools: list[BaseTool] = []
-    for name, fields in schemas.items():
-        tool = ServiceTool(
-            name=name, description=f"Call the {name} service.", args_schema=create_model(f"{name}_args", **fields)
-        )
+    for name, schema in spec.tool_schemas().items():
+        tool = ServiceTool(name=name, description=f"Call the {name} service.", args_schema=schema)
         tool._world = world
         tool._as_failure = as_failure
         tools.append(tool)

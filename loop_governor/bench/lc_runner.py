@@ -46,7 +46,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, StructuredTool
-from pydantic import create_model
 
 from langchain_governor import GovernorMiddleware, govern_tools
 from loop_governor.bench.harness import World
@@ -88,16 +87,8 @@ class PolicyChatModel(BaseChatModel):
 
 def make_tools(spec: TaskSpec, world: World) -> list[BaseTool]:
     """One LangChain tool per service the plan uses, each a request to the downstream."""
-    schemas: dict[str, dict[str, Any]] = {}
-    for sub in spec.plan:
-        for option in sub.options:
-            fields = schemas.setdefault(option.tool, {})
-            for key, value in option.args:
-                fields[key] = (type(value), ...)
     tools: list[BaseTool] = []
-    for name, fields in schemas.items():
-
-        schema = create_model(f"{name}_args", **fields)
+    for name, schema in spec.tool_schemas().items():
         tools.append(
             StructuredTool.from_function(
                 func=lambda _n=name, **kw: world.downstream.call(_n, kw),

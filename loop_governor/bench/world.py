@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, create_model
+
 from loop_governor.bench.clock import VirtualClock
 
 # -- world constants (documented in the README of this package and printed by --json) --
@@ -93,11 +95,17 @@ class TaskSpec:
 
     @property
     def tools(self) -> list[str]:
-        seen: dict[str, None] = {}
+        return list(self.tool_schemas())
+
+    def tool_schemas(self) -> dict[str, type[BaseModel]]:
+        """One argument schema per service the plan uses (both frameworks build tools from it)."""
+        fields: dict[str, dict[str, Any]] = {}
         for sub in self.plan:
             for option in sub.options:
-                seen.setdefault(option.tool, None)
-        return list(seen)
+                tool_fields = fields.setdefault(option.tool, {})
+                for key, value in option.args:
+                    tool_fields[key] = (type(value), ...)
+        return {name: create_model(f"{name}_args", **spec) for name, spec in fields.items()}
 
 
 Fault = Callable[["Downstream", str, dict[str, Any], float], BaseException | None]

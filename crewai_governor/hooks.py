@@ -128,6 +128,8 @@ class GovernorHooks:
             weakref.WeakKeyDictionary()
         )
         self._shared_prune_lock = threading.Lock()
+        # per executor: id(pruned message) -> (pruned message, the original it replaced)
+        self._swaps: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
         # structured errors for calls blocked in before_tool_call, keyed by the identity of
         # the tool_input dict (the same object reaches the after hook on every path)
         self._blocked: dict[int, tuple[dict[str, Any], lg.CircuitOpenError]] = {}
@@ -147,11 +149,18 @@ class GovernorHooks:
         if pruner is None or lock is None:
             return
         messages = context.messages
+        owner = getattr(context, "executor", None)
         with lock:
-            before = list(messages)
-            pruned = pruner.prune(before)
-        if len(pruned) == len(before) and all(a is b for a, b in zip(pruned, before, strict=True)):
-            return
+            # crewAI keeps the pruned list as its history; hand the pruner the originals
+            # back, so it sees an unchanged prefix and only ingests the new messages.
+            before = self._originals(owner, messages)
+            try:
+                pruned = pruner.prune(before)
+            except Exception as exc:  # crewAI would swallow it silently: say so, send unpruned
+                self.governor.emit("pruning_failed", error=lg.redact(repr(exc))[:500])
+                return
+        if len(pruned) == len(messages) and all(a is b for a, b in zip(pruned, messages, strict=True)):
+            return  # what crewAI holds already is what the model should see
         if not _pairs_intact(before, pruned):
             # A provider rejects a tool result without its call (and vice versa): sending
             # the unpruned list is always safe, sending a broken one fails the run.
@@ -163,6 +172,7 @@ class GovernorHooks:
             )
             return
         messages[:] = pruned  # in place: crewAI sends this very list object
+        self._remember_swaps(owner, before, pruned)
         self.governor.emit(
             "pruning",
             tokens_before=_count_tokens(before),
@@ -170,6 +180,28 @@ class GovernorHooks:
             messages_before=len(before),
             messages_after=len(pruned),
         )
+
+    def _originals(self, owner: Any, messages: list[Any]) -> list[Any]:
+        """``messages`` with every message this hook pruned earlier swapped back for its original."""
+        swaps = self._swaps.get(owner) if owner is not None else None
+        if not swaps:
+            return list(messages)
+        out = []
+        for m in messages:
+            swap = swaps.get(id(m))
+            out.append(swap[1] if swap is not None and swap[0] is m else m)
+        return out
+
+    def _remember_swaps(self, owner: Any, originals: list[Any], pruned: list[Any]) -> None:
+        if owner is None:
+            return
+        if len(originals) != len(pruned):
+            self._swaps.pop(owner, None)  # not aligned: the pruner will rebuild, still correct
+            return
+        # Keep both objects alive: the key is the pruned object's id.
+        swaps = {id(p): (p, o) for p, o in zip(pruned, originals, strict=True) if p is not o}
+        with self._lock:
+            self._swaps[owner] = swaps
 
     def _pruner_for(self, context: Any) -> tuple[MessagePruner | None, threading.Lock | None]:
         if self._pruner is not None:

@@ -43,8 +43,13 @@ class RecordingPruner(ContextPruner):
     """The real pruner, remembering what each ``prune`` call decided (boundary moves)."""
 
     def __init__(self, **kw: Any) -> None:
+        self.rebuilds = 0
         super().__init__(**kw)
         self.reports: list[PruneReport] = []
+
+    def _reset(self) -> None:  # the pruner rebuilds its state when history was rewritten
+        self.rebuilds += 1
+        super()._reset()
 
     def prune(self, messages: Sequence[Any]) -> list[Any]:
         out = super().prune(messages)
@@ -283,6 +288,9 @@ def test_crew_llm_receives_pruned_list_with_pairs_and_cache_breakpoints(
 
     assert out.raw == "summary of 12 searches"
     assert len(pruners) == 1  # one conversation, one stateful pruner
+    # crewAI keeps the pruned list as its history; the hook hands the pruner its originals
+    # back, so it only ever ingests new messages (O(new) a turn) and never rebuilds.
+    assert pruners[0].rebuilds == 1  # the constructor's initial reset only
     reports = pruners[0].reports
     received = llm.received
     assert len(received) == 13 == len(reports)

@@ -90,14 +90,35 @@ def _response_messages(result: Any) -> list[BaseMessage]:
     return []
 
 
-def _shield(
-    handler: Callable[[ToolCallRequest], ToolResult], request: ToolCallRequest
-) -> Callable[[Any], Any]:
+_RECORD_MARK = "lc_tool_message"
+
+
+def _to_record(result: Any) -> Any:
+    """A plain text ToolMessage as JSON, so the governor can checkpoint it and resume
+    without re-running the tool; anything else (artifacts, Commands) passes unchanged."""
+    if isinstance(result, ToolMessage) and isinstance(result.content, str) and result.artifact is None:
+        return {_RECORD_MARK: True, "content": result.content, "name": result.name, "status": result.status}
+    return result
+
+
+def _from_record(value: Any, request: ToolCallRequest) -> Any:
+    """The ToolMessage again, answering *this* request's tool call id."""
+    if isinstance(value, dict) and value.get(_RECORD_MARK):
+        return ToolMessage(
+            content=value.get("content", ""),
+            tool_call_id=request.tool_call["id"],
+            name=value.get("name") or request.tool_call["name"],
+            status=value.get("status") or "success",
+        )
+    return value
+
+
+def _shield(handler: Callable[[ToolCallRequest], ToolResult], request: ToolCallRequest) -> Callable[[Any], Any]:
     """One attempt of the ToolNode handler; LangGraph control flow is carried through."""
 
     def attempt(_key: Any) -> Any:
         try:
-            return handler(request)
+            return _to_record(handler(request))
         except GraphBubbleUp as exc:
             return Interrupted(exc)
 
@@ -109,7 +130,7 @@ def _ashield(
 ) -> Callable[[Any], Awaitable[Any]]:
     async def attempt(_key: Any) -> Any:
         try:
-            return await handler(request)
+            return _to_record(await handler(request))
         except GraphBubbleUp as exc:
             return Interrupted(exc)
 
@@ -289,8 +310,11 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             call = request.tool_call
             try:
                 with self.governor.call_context(tool_call_id=call.get("id")):
-                    result: ToolResult = passthrough(
-                        self.governor.call(call["name"], _shield(handler, request), key_args((), call["args"]))
+                    result: ToolResult = _from_record(
+                        passthrough(
+                            self.governor.call(call["name"], _shield(handler, request), key_args((), call["args"]))
+                        ),
+                        request,
                     )
             except lg.FatalError:
                 raise
@@ -309,8 +333,13 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             call = request.tool_call
             try:
                 with self.governor.call_context(tool_call_id=call.get("id")):
-                    result: ToolResult = passthrough(
-                        await self.governor.acall(call["name"], _ashield(handler, request), key_args((), call["args"]))
+                    result: ToolResult = _from_record(
+                        passthrough(
+                            await self.governor.acall(
+                                call["name"], _ashield(handler, request), key_args((), call["args"])
+                            )
+                        ),
+                        request,
                     )
             except lg.FatalError:
                 raise

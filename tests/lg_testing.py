@@ -1,7 +1,17 @@
 """Test helpers importable from any test (``tests`` is on pythonpath): a virtual clock,
-HTTP-like errors and a fault-injecting backend."""
+sleeps that return at once, HTTP-like errors and a fault-injecting backend."""
 
 from __future__ import annotations
+
+
+def no_sleep(_seconds: float) -> None:
+    """A ``sleep`` that returns at once (retries back off on virtual time)."""
+    return None
+
+
+async def no_asleep(_seconds: float) -> None:
+    """An ``asleep`` that returns at once."""
+    return None
 
 
 class VirtualClock:

@@ -3,20 +3,15 @@ imports crewai (importing it writes under ~/.local/share/crewai otherwise)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
+from lg_crewai_env import offline_crewai
 
-os.environ["OTEL_SDK_DISABLED"] = "true"
-os.environ["CREWAI_DISABLE_TELEMETRY"] = "true"
-os.environ["CREWAI_DISABLE_TRACKING"] = "true"
-os.environ["CREWAI_TRACING_ENABLED"] = "false"
-os.environ["HOME"] = tempfile.mkdtemp(prefix="lg-bench-home-")
+offline_crewai(prefix="lg-bench-home-")
 
-from typing import Any
+from typing import Any  # noqa: E402
 
-import pytest
+import pytest  # noqa: E402
 
-from loop_governor.bench.runner import run_bench
+from loop_governor.bench.runner import run_bench  # noqa: E402
 
 SEED = 11
 

@@ -37,9 +37,10 @@ def test_failed_governed_tasks_keep_their_sub_results(bench_result: dict[str, An
     failed = [t for t in bench_result["tasks"] if t["arm"] == "governed" and t["failed"]]
     assert failed, "the credentials scenario cannot succeed: some governed task must fail"
     assert all(t["delivered"] > 0 for t in failed)
-    assert bench_result["governed"]["subtasks_delivered_on_failure"] > bench_result["baseline"][
-        "subtasks_delivered_on_failure"
-    ]
+    assert (
+        bench_result["governed"]["subtasks_delivered_on_failure"]
+        > bench_result["baseline"]["subtasks_delivered_on_failure"]
+    )
 
 
 def test_both_frameworks_ran_every_arm(bench_result: dict[str, Any]) -> None:

@@ -1,167 +1,29 @@
 """Shared fixtures for the crewAI adapter tests: offline crewAI, a scripted LLM, backends.
 
-The environment is set at module top, before anything imports crewai: importing crewai
+crewAI is switched offline at module top, before anything imports crewai: importing crewai
 writes under ~/.local/share/crewai and would start telemetry otherwise.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+from lg_crewai_env import offline_crewai
 
-os.environ["OTEL_SDK_DISABLED"] = "true"
-os.environ["CREWAI_DISABLE_TELEMETRY"] = "true"
-os.environ["CREWAI_DISABLE_TRACKING"] = "true"
-os.environ["CREWAI_TRACING_ENABLED"] = "false"
-os.environ["HOME"] = tempfile.mkdtemp(prefix="lg-crewai-home-")
+offline_crewai(prefix="lg-crewai-home-")
 
-import copy
-import json
-import logging
-import re
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+import functools  # noqa: E402
+import json  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
 
-import pytest
-from crewai import Agent, Crew, Task
-from crewai.events.types.llm_events import LLMCallType
-from crewai.llms.base_llm import BaseLLM, llm_call_context
-from crewai.tools import BaseTool
-from pydantic import BaseModel, Field, PrivateAttr
+import lg_crewai  # noqa: E402
+import pytest  # noqa: E402
+from lg_crewai import CallableTool, Final, ScriptedLLM, Step, ToolStep  # noqa: E402
+from lg_testing import no_asleep, no_sleep  # noqa: E402
+from pydantic import BaseModel, Field  # noqa: E402
 
-import loop_governor as lg
-
-# BaseLLM.get_input_tokens_count logs a warning on every call for a model without a
-# native counter; it says nothing about the adapter.
-logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
-
-
-# -- actions the scripted model takes, one per turn --------------------------------------
-@dataclass(frozen=True)
-class ToolStep:
-    name: str
-    args: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Final:
-    text: str
-
-
-Step = ToolStep | Final
-
-_TURN_MARK = re.compile(r"\[turn (\d+)\]")
-
-
-def _assistant_texts(messages: list[dict[str, Any]]) -> list[str]:
-    return [str(m.get("content") or "") for m in messages if m.get("role") == "assistant"]
-
-
-class ScriptedLLM(BaseLLM):
-    """A crewAI LLM that plays a fixed script, native tool calls or ReAct text.
-
-    The turn is derived from the conversation (tool results seen so far), not from a
-    counter, so the script holds whatever crewAI re-sends. Every call records a deep copy
-    of the messages it received and emits crewAI's LLM events with provider usage, as a
-    real provider client does.
-    """
-
-    native: bool = False
-    script: list[Any] = Field(default_factory=list)
-    usage: dict[str, Any] = Field(
-        default_factory=lambda: {
-            "prompt_tokens": 120,
-            "completion_tokens": 30,
-            "prompt_tokens_details": {"cached_tokens": 64},
-        }
-    )
-    _received: list[list[dict[str, Any]]] = PrivateAttr(default_factory=list)
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    @property
-    def received(self) -> list[list[dict[str, Any]]]:
-        return self._received
-
-    def supports_function_calling(self) -> bool:
-        return self.native
-
-    def supports_stop_words(self) -> bool:
-        return not self.native
-
-    def _turn(self, messages: list[dict[str, Any]]) -> int:
-        # Derived from the newest tool exchange still in the conversation (call ids
-        # "call_N" natively, "[turn N]" markers in ReAct text), so it survives pruning.
-        done = -1
-        if self.native:
-            for m in messages:
-                tcid = str(m.get("tool_call_id") or "")
-                if m.get("role") == "tool" and tcid.startswith("call_"):
-                    done = max(done, int(tcid.removeprefix("call_")))
-        else:
-            for text in _assistant_texts(messages):
-                for match in _TURN_MARK.finditer(text):
-                    if "Observation:" in text[match.end() :]:
-                        done = max(done, int(match.group(1)))
-        return done + 1
-
-    def _reply(self, step: Step, turn: int) -> Any:
-        if isinstance(step, Final):
-            return step.text if self.native else f"Thought: I can answer now.\nFinal Answer: {step.text}"
-        if self.native:
-            return [
-                {
-                    "id": f"call_{turn}",
-                    "type": "function",
-                    "function": {"name": step.name, "arguments": json.dumps(step.args)},
-                }
-            ]
-        return (
-            f"Thought: [turn {turn}] I should use a tool.\nAction: {step.name}\nAction Input: {json.dumps(step.args)}"
-        )
-
-    def call(
-        self,
-        messages: str | list[Any],
-        tools: list[dict[str, Any]] | None = None,
-        callbacks: list[Any] | None = None,
-        available_functions: dict[str, Any] | None = None,
-        from_task: Any | None = None,
-        from_agent: Any | None = None,
-        response_model: type[BaseModel] | None = None,
-    ) -> Any:
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        with self._lock:
-            self._received.append(copy.deepcopy(list(messages)))
-        turn = self._turn(messages)
-        step = self.script[min(turn, len(self.script) - 1)]
-        reply = self._reply(step, turn)
-        with llm_call_context():
-            self._emit_call_started_event(messages=messages, tools=tools, from_task=from_task, from_agent=from_agent)
-            self._emit_call_completed_event(
-                response=reply,
-                call_type=LLMCallType.TOOL_CALL if isinstance(reply, list) else LLMCallType.LLM_CALL,
-                from_task=from_task,
-                from_agent=from_agent,
-                messages=messages,
-                usage=dict(self.usage),
-                finish_reason="tool_calls" if isinstance(reply, list) else "stop",
-            )
-        return reply
-
-    async def acall(
-        self,
-        messages: str | list[Any],
-        tools: list[dict[str, Any]] | None = None,
-        callbacks: list[Any] | None = None,
-        available_functions: dict[str, Any] | None = None,
-        from_task: Any | None = None,
-        from_agent: Any | None = None,
-        response_model: type[BaseModel] | None = None,
-    ) -> Any:
-        return self.call(messages, tools, callbacks, available_functions, from_task, from_agent, response_model)
+import loop_governor as lg  # noqa: E402
 
 
 def all_text(llm: ScriptedLLM) -> str:
@@ -220,42 +82,21 @@ class SearchArgs(BaseModel):
     query: str = Field(description="what to look for")
 
 
-class SearchTool(BaseTool):
-    """A BaseTool subclass backed by a :class:`Backend`."""
+class SearchTool(CallableTool):
+    """A BaseTool subclass backed by a :class:`Backend` (``SearchTool(backend)``)."""
 
     name: str = "search_docs"
     description: str = "Search the documentation for a query."
     args_schema: type[BaseModel] = SearchArgs
-    _backend: Backend = PrivateAttr()
-
-    def __init__(self, backend: Backend, **data: Any) -> None:
-        super().__init__(**data)
-        self._backend = backend
-
-    def _run(self, query: str) -> str:
-        return self._backend(query=query)
 
 
-def make_crew(llm: ScriptedLLM, tools: list[Any], *, max_iter: int = 12, **crew_kwargs: Any) -> Crew:
-    agent = Agent(
-        role="researcher",
-        goal="answer the question",
-        backstory="careful",
-        llm=llm,
-        tools=tools,
-        max_iter=max_iter,
-        verbose=False,
-    )
-    task = Task(description="Find the answer.", expected_output="the answer", agent=agent)
-    return Crew(agents=[agent], tasks=[task], verbose=False, **crew_kwargs)
-
-
-def _no_sleep(_seconds: float) -> None:
-    return None
-
-
-async def _no_asleep(_seconds: float) -> None:
-    return None
+make_crew = functools.partial(
+    lg_crewai.make_crew,
+    role="researcher",
+    goal="answer the question",
+    tasks=[("Find the answer.", "the answer")],
+    max_iter=12,
+)
 
 
 @pytest.fixture
@@ -263,7 +104,7 @@ def make_governor() -> Callable[..., lg.Governor]:
     """A governor on virtual time: retries back off without sleeping."""
 
     def build(**config: Any) -> lg.Governor:
-        return lg.Governor(lg.GovernorConfig(**config), sleep=_no_sleep, asleep=_no_asleep)
+        return lg.Governor(lg.GovernorConfig(**config), sleep=no_sleep, asleep=no_asleep)
 
     return build
 

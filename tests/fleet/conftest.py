@@ -45,8 +45,19 @@ class RedisServer:
     def start(self) -> None:
         assert REDIS_BIN is not None
         self.proc = subprocess.Popen(
-            [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)],
+            [
+                REDIS_BIN,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -103,8 +114,9 @@ def namespace() -> str:
 
 def start_worker(plan: dict[str, Any]) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    return subprocess.Popen([sys.executable, str(WORKER), json.dumps(plan)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(plan)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
 
 
 def run_workers(plans: list[dict[str, Any]], timeout: float = 120.0) -> list[dict[str, Any]]:

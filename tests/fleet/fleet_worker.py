@@ -55,8 +55,7 @@ def scenario_breaker(fleet: Fleet) -> dict[str, Any]:
     store = RedisStore(plan["url"], namespace=fleet.ns)
     events: list[dict[str, Any]] = []
     store.on_event = events.append
-    config = lg.GovernorConfig(retry_max_attempts=1, breaker_failure_threshold=threshold,
-                               breaker_cooldown_s=cooldown)
+    config = lg.GovernorConfig(retry_max_attempts=1, breaker_failure_threshold=threshold, breaker_cooldown_s=cooldown)
     gov = lg.Governor(config, store=store, clock=lambda: now[0])
     gov.subscribe(lambda e: events.append(e) if e["event"] == "breaker" else None)
     report: dict[str, Any] = {"id": fleet.id, "tripped": [], "cooldown": [], "burst": [], "ran": 0}
@@ -152,8 +151,13 @@ def scenario_outage(fleet: Fleet) -> dict[str, Any]:
         log.write(json.dumps(event, default=str) + "\n")
 
     store = RedisStore(plan["url"], namespace=fleet.ns, reconnect_base_s=0.05, reconnect_max_s=0.2)
-    config = lg.GovernorConfig(retry_max_attempts=2, retry_base_delay=0.0, retry_max_delay=0.0,
-                               breaker_failure_threshold=3, breaker_cooldown_s=3600)
+    config = lg.GovernorConfig(
+        retry_max_attempts=2,
+        retry_base_delay=0.0,
+        retry_max_delay=0.0,
+        breaker_failure_threshold=3,
+        breaker_cooldown_s=3600,
+    )
     gov = lg.Governor(config, store=store)
     wanted = ("store_fallback", "store_recovered", "breaker")
     gov.subscribe(lambda e: on_event(e) if e["event"] in wanted else None)

@@ -21,8 +21,16 @@ PROCESSES = 4
 def test_processes_share_one_breaker_and_exactly_one_probe(redis_server: Any, namespace: str, fleet: Any) -> None:
     threads = 3
     plans = [
-        {"scenario": "breaker", "url": redis_server.url, "ns": namespace, "id": i, "n": PROCESSES,
-         "threshold": 3, "cooldown": 30.0, "threads": threads}
+        {
+            "scenario": "breaker",
+            "url": redis_server.url,
+            "ns": namespace,
+            "id": i,
+            "n": PROCESSES,
+            "threshold": 3,
+            "cooldown": 30.0,
+            "threads": threads,
+        }
         for i in range(PROCESSES)
     ]
     reports = sorted(fleet.run(plans), key=lambda r: r["id"])
@@ -50,8 +58,18 @@ def test_processes_share_one_breaker_and_exactly_one_probe(redis_server: Any, na
 def test_shared_rate_limit_holds_across_processes(redis_server: Any, namespace: str, fleet: Any) -> None:
     rate, burst, ticks, dt = 50.0, 5.0, 200, 0.02  # 4 virtual seconds, one token per tick
     plans = [
-        {"scenario": "rate", "url": redis_server.url, "ns": namespace, "id": i, "n": PROCESSES,
-         "rate": rate, "burst": burst, "ticks": ticks, "dt": dt, "tries_per_tick": 3}
+        {
+            "scenario": "rate",
+            "url": redis_server.url,
+            "ns": namespace,
+            "id": i,
+            "n": PROCESSES,
+            "rate": rate,
+            "burst": burst,
+            "ticks": ticks,
+            "dt": dt,
+            "tries_per_tick": 3,
+        }
         for i in range(PROCESSES)
     ]
     reports = fleet.run(plans)
@@ -84,21 +102,35 @@ def test_redis_killed_mid_run_calls_keep_completing_and_state_reconverges(
     own_redis_server: Any, namespace: str, fleet: Any, tmp_path: Path
 ) -> None:
     procs = [
-        fleet.start({"scenario": "outage", "url": own_redis_server.url, "ns": namespace, "id": i, "n": PROCESSES,
-                     "dir": str(tmp_path)})
+        fleet.start(
+            {
+                "scenario": "outage",
+                "url": own_redis_server.url,
+                "ns": namespace,
+                "id": i,
+                "n": PROCESSES,
+                "dir": str(tmp_path),
+            }
+        )
         for i in range(PROCESSES)
     ]
     try:
         monitor = own_redis_server.client()
         # Running: every process has governed calls through Redis (tasks come and go).
-        _wait_for(lambda: monitor.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0) > 200,
-                  "the workers to start calling")
+        _wait_for(
+            lambda: monitor.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0) > 200,
+            "the workers to start calling",
+        )
         own_redis_server.kill()
-        _wait_for(lambda: sum(e["event"] == "store_fallback" for e in _events(tmp_path)) == PROCESSES,
-                  "every worker to fall back")
+        _wait_for(
+            lambda: sum(e["event"] == "store_fallback" for e in _events(tmp_path)) == PROCESSES,
+            "every worker to fall back",
+        )
         own_redis_server.start()
-        _wait_for(lambda: sum(e["event"] == "store_recovered" for e in _events(tmp_path)) == PROCESSES,
-                  "every worker to reconnect")
+        _wait_for(
+            lambda: sum(e["event"] == "store_recovered" for e in _events(tmp_path)) == PROCESSES,
+            "every worker to reconnect",
+        )
     finally:
         (tmp_path / "stop").touch()
     reports = fleet.collect_reports(procs)

@@ -257,9 +257,7 @@ def test_admit_rate_is_breaker_then_bucket_in_one_step(redis_server: Any, namesp
     assert adm.probe and tr == (BreakerState.OPEN, BreakerState.HALF_OPEN) and wait == 0.0
 
 
-def test_success_path_costs_one_round_trip(
-    redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_success_path_costs_one_round_trip(redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A governed call on a closed breaker sends one request to Redis (counted on the socket)."""
     from redis.connection import Connection
 
@@ -319,8 +317,14 @@ def test_unreachable_at_start_never_raises(namespace: str) -> None:
 def test_outage_falls_back_backs_off_and_merges_on_recovery(own_redis_server: Any, namespace: str) -> None:
     mono = FakeClock(0.0)
     events: list[dict[str, Any]] = []
-    store = RedisStore(own_redis_server.url, namespace=namespace, monotonic=mono, random=lambda: 1.0,
-                       reconnect_base_s=0.5, reconnect_max_s=4.0)
+    store = RedisStore(
+        own_redis_server.url,
+        namespace=namespace,
+        monotonic=mono,
+        random=lambda: 1.0,
+        reconnect_base_s=0.5,
+        reconnect_max_s=4.0,
+    )
     config = lg.GovernorConfig(retry_max_attempts=1, breaker_failure_threshold=2, breaker_cooldown_s=60)
     now = FakeClock(1000.0)
     gov = lg.Governor(config, store=store, clock=now)

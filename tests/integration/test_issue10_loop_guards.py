@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from crewai.tools import BaseTool as CrewBaseTool
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import tool
-from pydantic import BaseModel, Field, PrivateAttr
+from lg_crewai import CallableTool
+from pydantic import BaseModel, Field
 
 import loop_governor as lg
 from crewai_governor import govern_tool, install
@@ -140,18 +140,12 @@ class DraftArgs(BaseModel):
     draft: str = Field(description="the draft to review")
 
 
-class CrewCritic(CrewBaseTool):
+class CrewCritic(CallableTool):
+    """``CrewCritic(critic)``: the critic as a crewAI ``BaseTool`` subclass."""
+
     name: str = "review_draft"
     description: str = "Ask the critic to review a draft."
     args_schema: type[BaseModel] = DraftArgs
-    _critic: Critic = PrivateAttr()
-
-    def __init__(self, critic: Critic, **data: Any) -> None:
-        super().__init__(**data)
-        self._critic = critic
-
-    def _run(self, draft: str) -> str:
-        return self._critic(draft)
 
 
 def crew_reviser(kit: Any, *, obeys_note: bool) -> Callable[[list[dict[str, Any]], int], Any]:
@@ -266,19 +260,16 @@ def test_crew_max_steps_caps_the_tool_loop_and_keeps_partial_results(
     class PageArgs(BaseModel):
         page: int
 
-    class FetchPage(CrewBaseTool):
+    class FetchPage(CallableTool):
         name: str = "fetch_page"
         description: str = "Fetch one page of rows."
         args_schema: type[BaseModel] = PageArgs
-
-        def _run(self, page: int) -> str:
-            return fetch(page)
 
     def script(messages: list[dict[str, Any]], turn: int) -> Any:
         return kit.Final(ANSWER) if turn >= ROUNDS else kit.ToolStep("fetch_page", {"page": turn})
 
     llm = kit.ScriptedLLM(model="scripted", script=script)
-    crew = kit.make_crew(llm, [govern_tool(FetchPage(), governor)], max_iter=ROUNDS + 5)
+    crew = kit.make_crew(llm, [govern_tool(FetchPage(fetch), governor)], max_iter=ROUNDS + 5)
 
     with pytest.raises(lg.BudgetExhaustedError) as spent, install(governor, count_steps=count_model_steps):
         crew.kickoff()

@@ -4,25 +4,18 @@ errors, a scripted backend and a governor on virtual time (no real sleeping)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+import lg_langchain
 import pytest
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import BaseMessage, ToolMessage
+from lg_langchain import call_tool_until, tool_messages
+from lg_testing import HTTPError
 from pydantic import Field
 
 import loop_governor as lg
-
-
-class HTTPError(Exception):
-    """An error shaped like an SDK's HTTP error: the classifier reads ``status_code``."""
-
-    def __init__(self, status_code: int, message: str = "") -> None:
-        super().__init__(message or f"HTTP {status_code}")
-        self.status_code = status_code
 
 
 class Backend:
@@ -49,20 +42,10 @@ class Backend:
         return f"result for {json.dumps(kwargs, sort_keys=True)}"
 
 
-Script = Callable[[list[BaseMessage]], AIMessage]
+class ScriptedChatModel(lg_langchain.ScriptedChatModel):
+    """The shared scripted model, reporting usage with prompt-cache details by default."""
 
-
-class ScriptedChatModel(BaseChatModel):
-    """A chat model whose reply is a function of the conversation it is shown.
-
-    Choosing replies from the conversation (not from a call counter) keeps it correct
-    across retries and resumes. ``prompts`` records every prompt exactly as received.
-    ``bind_tools`` works (returns the model), unlike LangChain's built-in fakes.
-    """
-
-    script: Any
-    prompts: list[list[BaseMessage]] = Field(default_factory=list)
-    usage: dict[str, Any] = Field(
+    usage: dict[str, Any] | None = Field(
         default_factory=lambda: {
             "input_tokens": 120,
             "output_tokens": 7,
@@ -70,52 +53,6 @@ class ScriptedChatModel(BaseChatModel):
             "input_token_details": {"cache_read": 96, "cache_creation": 0},
         }
     )
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:
-        return self
-
-    def _reply(self, messages: list[BaseMessage]) -> ChatResult:
-        self.prompts.append(list(messages))
-        reply = self.script(list(messages))
-        reply = reply.model_copy(
-            update={"usage_metadata": self.usage, "response_metadata": {"finish_reason": "stop"}}
-        )
-        return ChatResult(generations=[ChatGeneration(message=reply)])
-
-    def _generate(
-        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
-    ) -> ChatResult:
-        return self._reply(messages)
-
-    async def _agenerate(
-        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
-    ) -> ChatResult:
-        return self._reply(messages)
-
-
-def tool_messages(messages: Sequence[BaseMessage]) -> list[ToolMessage]:
-    return [m for m in messages if isinstance(m, ToolMessage)]
-
-
-def call_tool_until(
-    name: str, times: int, args: Callable[[int], dict[str, Any]], final: str = "done"
-) -> Script:
-    """Script: call ``name`` (one call per turn) until ``times`` results came back, then answer."""
-
-    def script(messages: list[BaseMessage]) -> AIMessage:
-        seen = len(tool_messages(messages))
-        if seen >= times:
-            return AIMessage(content=final)
-        return AIMessage(
-            content="",
-            tool_calls=[{"name": name, "args": args(seen), "id": f"call_{seen}", "type": "tool_call"}],
-        )
-
-    return script
 
 
 class Sleeps:
@@ -164,9 +101,7 @@ class KeepLastToolResults:
         self.calls += 1
         tool_positions = [i for i, m in enumerate(messages) if isinstance(m, ToolMessage)]
         old = set(tool_positions[: max(0, len(tool_positions) - self.keep)])
-        return [
-            m.model_copy(update={"content": "[pruned]"}) if i in old else m for i, m in enumerate(messages)
-        ]
+        return [m.model_copy(update={"content": "[pruned]"}) if i in old else m for i, m in enumerate(messages)]
 
 
 @pytest.fixture

@@ -62,9 +62,7 @@ def test_callback_records_tool_runs_and_classified_errors(
     assert end["tool_call_id"] == "call_9"
 
 
-def test_callback_on_the_legacy_agent_executor(
-    lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
-) -> None:
+def test_callback_on_the_legacy_agent_executor(lc: Any, governor: lg.Governor, events: list[dict[str, Any]]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from langchain_classic.agents import AgentExecutor, create_tool_calling_agent

@@ -100,9 +100,7 @@ def test_without_a_tool_call_the_error_is_the_plain_json_string(lc: Any, governo
     assert json.loads(result)["error"]["type"] == "permanent"
 
 
-def test_transient_failures_are_retried_inside_one_invoke(
-    lc: Any, governor: lg.Governor, sleeps: Any
-) -> None:
+def test_transient_failures_are_retried_inside_one_invoke(lc: Any, governor: lg.Governor, sleeps: Any) -> None:
     backend = lc.Backend([503, 503, None])
     fetch = govern_tool(make_fetch(backend), governor)
     message = fetch.invoke(_tool_call("fetch_page", {"url": "https://x/busy"}))

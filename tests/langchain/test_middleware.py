@@ -17,9 +17,7 @@ import loop_governor as lg
 from langchain_governor import GovernorMiddleware, govern_tool
 
 
-def run_agent(
-    agent: Any, mode: str, text: str = "go", config: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def run_agent(agent: Any, mode: str, text: str = "go", config: dict[str, Any] | None = None) -> dict[str, Any]:
     payload = {"messages": [("user", text)]}
     if mode == "sync":
         return agent.invoke(payload, config)  # type: ignore[no-any-return]
@@ -39,28 +37,20 @@ def fetch_tool(backend: Callable[..., str]) -> BaseTool:
 
 
 def errors_in(messages: list[BaseMessage]) -> list[dict[str, Any]]:
-    return [
-        json.loads(m.content)["error"] for m in messages if isinstance(m, ToolMessage) and m.status == "error"
-    ]
+    return [json.loads(m.content)["error"] for m in messages if isinstance(m, ToolMessage) and m.status == "error"]
 
 
 def test_without_middleware_a_failing_tool_aborts_the_run(lc: Any) -> None:
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/404"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/404"}))
     agent = create_agent(model, [fetch_tool(lc.Backend([404]))])
     with pytest.raises(lc.HTTPError):
         agent.invoke({"messages": [("user", "go")]})
 
 
 @MODES
-def test_permanent_error_reaches_the_model_and_the_run_completes(
-    mode: str, lc: Any, governor: lg.Governor
-) -> None:
+def test_permanent_error_reaches_the_model_and_the_run_completes(mode: str, lc: Any, governor: lg.Governor) -> None:
     backend = lc.Backend([404])
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/404"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/404"}))
     agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
     result = run_agent(agent, mode)
 
@@ -81,9 +71,7 @@ def test_transient_errors_are_retried_and_the_model_sees_only_success(
     mode: str, lc: Any, governor: lg.Governor
 ) -> None:
     backend = lc.Backend([503, 503, None])
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/busy"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/busy"}))
     agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
     result = run_agent(agent, mode)
 
@@ -96,13 +84,9 @@ def test_transient_errors_are_retried_and_the_model_sees_only_success(
 
 
 @MODES
-def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(
-    mode: str, lc: Any, governor: lg.Governor
-) -> None:
+def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(mode: str, lc: Any, governor: lg.Governor) -> None:
     backend = lc.Backend([503], forever=True)
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 10, lambda i: {"url": f"https://x/page/{i}"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 10, lambda i: {"url": f"https://x/page/{i}"}))
     agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
     result = run_agent(agent, mode)
 
@@ -119,9 +103,7 @@ def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(
 @MODES
 def test_fatal_error_stops_the_run(mode: str, lc: Any, governor: lg.Governor) -> None:
     backend = lc.Backend([401])
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/me"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/me"}))
     agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
     with pytest.raises(lg.FatalError) as caught:
         run_agent(agent, mode)
@@ -133,9 +115,7 @@ def test_fatal_error_stops_the_run(mode: str, lc: Any, governor: lg.Governor) ->
 @MODES
 def test_known_bad_call_is_answered_without_calling_again(mode: str, lc: Any, governor: lg.Governor) -> None:
     backend = lc.Backend([404, None])
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 2, lambda i: {"url": "https://x/gone"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 2, lambda i: {"url": "https://x/gone"}))
     agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
     result = run_agent(agent, mode)
 
@@ -147,9 +127,7 @@ def test_known_bad_call_is_answered_without_calling_again(mode: str, lc: Any, go
 @MODES
 def test_wrapped_tools_are_not_governed_twice(mode: str, lc: Any, governor: lg.Governor) -> None:
     backend = lc.Backend([503, 503, None])
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/busy"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/busy"}))
     wrapped = govern_tool(fetch_tool(backend), governor)
     agent = create_agent(model, [wrapped], middleware=[GovernorMiddleware(governor)])
     run_agent(agent, mode)
@@ -173,9 +151,7 @@ def governor_events(governor: lg.Governor, agent: Any, mode: str, lc: Any) -> li
 def test_model_calls_are_steps_of_one_task_with_usage_events(
     mode: str, lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
 ) -> None:
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 2, lambda i: {"url": f"https://x/{i}"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 2, lambda i: {"url": f"https://x/{i}"}))
     agent = create_agent(
         model, [fetch_tool(lc.Backend())], system_prompt="be brief", middleware=[GovernorMiddleware(governor)]
     )
@@ -212,18 +188,14 @@ def test_thread_id_names_the_task(lc: Any, governor: lg.Governor, events: list[d
 
 def test_max_steps_stops_a_runaway_agent(lc: Any, sleeps: Any) -> None:
     governor = lg.Governor(lg.GovernorConfig(max_steps=4), clock=sleeps.clock, sleep=sleeps.sleep)
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 100, lambda i: {"url": f"https://x/{i}"})
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 100, lambda i: {"url": f"https://x/{i}"}))
     agent = create_agent(model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor)])
     with pytest.raises(lg.BudgetExhaustedError):
         agent.invoke({"messages": [("user", "go")]})
     assert len(model.prompts) == 2  # model, tool, model, tool: the fifth step is refused
 
 
-def test_a_scope_opened_by_the_caller_is_used(
-    lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
-) -> None:
+def test_a_scope_opened_by_the_caller_is_used(lc: Any, governor: lg.Governor, events: list[dict[str, Any]]) -> None:
     model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x"}))
     agent = create_agent(model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor)])
     with governor.task("nightly-report") as scope:
@@ -237,12 +209,8 @@ def test_pruner_shapes_only_what_the_model_sees(
     mode: str, lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
 ) -> None:
     pruner = lc.KeepLastToolResults(keep=1)
-    model = lc.ScriptedChatModel(
-        script=lc.call_tool_until("fetch_page", 3, lambda i: {"url": f"https://x/{i}"})
-    )
-    agent = create_agent(
-        model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor, pruner=pruner)]
-    )
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 3, lambda i: {"url": f"https://x/{i}"}))
+    agent = create_agent(model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor, pruner=pruner)])
     result = run_agent(agent, mode)
 
     last_prompt = model.prompts[-1]
@@ -259,9 +227,7 @@ def test_tool_errors_leave_unknown_tools_to_the_tool_node(lc: Any, governor: lg.
     def script(messages: list[BaseMessage]) -> AIMessage:
         if any(isinstance(m, ToolMessage) for m in messages):
             return AIMessage(content="done")
-        return AIMessage(
-            content="", tool_calls=[{"name": "no_such_tool", "args": {}, "id": "c1", "type": "tool_call"}]
-        )
+        return AIMessage(content="", tool_calls=[{"name": "no_such_tool", "args": {}, "id": "c1", "type": "tool_call"}])
 
     model = lc.ScriptedChatModel(script=script)
     agent = create_agent(model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor)])

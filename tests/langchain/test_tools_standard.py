@@ -13,17 +13,13 @@ import pytest
 from langchain_core.tools import BaseTool, tool
 from langchain_tests.integration_tests import ToolsIntegrationTests
 from langchain_tests.unit_tests import ToolsUnitTests
+from lg_testing import no_asleep, no_sleep
 from pydantic import BaseModel, Field
 
 import loop_governor as lg
 from langchain_governor import GovernedTool, govern_tool
 
-
-async def _no_sleep(_: float) -> None:
-    return None
-
-
-GOVERNOR = lg.Governor(lg.GovernorConfig(), sleep=lambda _: None, asleep=_no_sleep)
+GOVERNOR = lg.Governor(lg.GovernorConfig(), sleep=no_sleep, asleep=no_asleep)
 
 
 @tool

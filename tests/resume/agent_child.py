@@ -10,7 +10,8 @@ tool node's result: the exact window the journal exists for. ``resume`` continue
 thread with ``agent.invoke(None, config)``. On success WORKDIR/result.json gets the
 final answer, the tool results in graph state and the journal replay events.
 
-Imports only what the run needs (LangChain, LangGraph, the adapter, the core).
+Imports only what the run needs (LangChain, LangGraph, the adapter, the core, the
+LangChain test helpers from ``tests/``).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the lg_* helpers
+
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
+from lg_langchain import ScriptedChatModel, call_tool_until
 
 import loop_governor as lg
 from langchain_governor import GovernorMiddleware, ToolCallJournal, ToolJournalMiddleware
@@ -39,29 +41,6 @@ WORKDIR = Path(sys.argv[1])
 MODE = sys.argv[2]
 FLAGS = set(sys.argv[3:])
 CONFIG: Any = {"configurable": {"thread_id": "thread-1"}}
-
-
-class ScriptedModel(BaseChatModel):
-    """Reply chosen from the conversation (tool results so far), so it survives resume."""
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedModel:
-        return self
-
-    def _generate(
-        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
-    ) -> ChatResult:
-        seen = [m for m in messages if isinstance(m, ToolMessage)]
-        if len(seen) >= 2:
-            reply = AIMessage(content="finished: " + " | ".join(str(m.content) for m in seen))
-        else:
-            n = len(seen)
-            call = {"name": "append_line", "args": {"line": f"line-{n}"}, "id": f"call_{n}", "type": "tool_call"}
-            reply = AIMessage(content="", tool_calls=[call])
-        return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
 @tool
@@ -96,7 +75,17 @@ if "--no-journal" not in FLAGS:
 middleware.append(GovernorMiddleware(governor))
 
 conn = sqlite3.connect(WORKDIR / "graph.db", check_same_thread=False)
-agent = create_agent(ScriptedModel(), [append_line], middleware=middleware, checkpointer=SqliteSaver(conn))
+# Asks for append_line twice (one call per turn), then answers with the tool results; the
+# reply is chosen from the conversation (tool results so far), so it survives the resume.
+model = ScriptedChatModel(
+    script=call_tool_until(
+        "append_line",
+        2,
+        lambda n: {"line": f"line-{n}"},
+        final=lambda results: "finished: " + " | ".join(str(m.content) for m in results),
+    )
+)
+agent = create_agent(model, [append_line], middleware=middleware, checkpointer=SqliteSaver(conn))
 payload = {"messages": [("user", "append two lines")]} if MODE == "start" else None
 # durability="sync": each step is on disk before the next starts, so the only unsaved
 # work at the kill is the crashed tool node itself.

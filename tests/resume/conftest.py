@@ -1,40 +1,33 @@
 """Shared helpers for the crash/resume tests of both adapters.
 
-The crewAI environment is set at module top, before anything imports crewai (importing
-it writes under ~/.local/share/crewai and would start telemetry otherwise). The crash
-tests run their agents in child processes (``agent_child.py``, ``crew_child.py``) that
-are SIGKILLed mid-run and resumed in a fresh process.
+crewAI is switched offline at module top, before anything imports crewai (importing it
+writes under ~/.local/share/crewai and would start telemetry otherwise). The crash tests
+run their agents in child processes (``agent_child.py``, ``crew_child.py``) that are
+SIGKILLed mid-run and resumed in a fresh process.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+from lg_crewai_env import offline_crewai
 
-os.environ["OTEL_SDK_DISABLED"] = "true"
-os.environ["CREWAI_DISABLE_TELEMETRY"] = "true"
-os.environ["CREWAI_DISABLE_TRACKING"] = "true"
-os.environ["CREWAI_TRACING_ENABLED"] = "false"
-os.environ["HOME"] = tempfile.mkdtemp(prefix="lg-resume-home-")
+offline_crewai(prefix="lg-resume-home-")
 
-import logging
-import re
-import signal
-import subprocess
-import sys
-import threading
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+from typing import Any  # noqa: E402
 
-import pytest
-from crewai.llms.base_llm import BaseLLM
-from pydantic import PrivateAttr
+import lg_crewai  # noqa: E402
+import pytest  # noqa: E402
+from crewai.llms.base_llm import BaseLLM  # noqa: E402
+from lg_crewai import TaskAnswerLLM  # noqa: E402
+from pydantic import PrivateAttr  # noqa: E402
 
 HERE = Path(__file__).parent
 CHILD_TIMEOUT_S = 120
-
-logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
 
 
 def run_child(script: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -56,15 +49,8 @@ def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
 
 
-_TASK = re.compile(r"TASK-(\d)")
-
-
-class TaskLLM(BaseLLM):
-    """A crewAI LLM answering each task at once (ReAct final answer), recording calls.
-
-    The answer names the task (from the prompt's "Current Task:" part) and which earlier
-    outputs the prompt carried as context, so tests can see what ran and what it saw.
-    """
+class TaskLLM(TaskAnswerLLM):
+    """Answers each task at once (see ``lg_crewai.TaskAnswerLLM``), recording the calls."""
 
     fail_on: str | None = None  # "task-N": raise on every call for that task (a crash)
     _calls: list[str] = PrivateAttr(default_factory=list)
@@ -74,28 +60,11 @@ class TaskLLM(BaseLLM):
     def calls(self) -> list[str]:
         return self._calls
 
-    def supports_function_calling(self) -> bool:
-        return False
-
-    def call(
-        self,
-        messages: Any,
-        tools: Any = None,
-        callbacks: Any = None,
-        available_functions: Any = None,
-        from_task: Any = None,
-        from_agent: Any = None,
-        response_model: Any = None,
-    ) -> str:
-        text = messages if isinstance(messages, str) else "\n".join(str(m.get("content") or "") for m in messages)
-        task = _TASK.search(text.rsplit("Current Task:", 1)[-1])
-        name = task.group(1) if task else "?"
+    def on_task(self, task: str) -> None:
         with self._lock:
-            self._calls.append(f"task-{name}")
-        if self.fail_on == f"task-{name}":
-            raise RuntimeError(f"model crashed in task-{name}")
-        seen = sorted(set(re.findall(r"OUTPUT-(\d)", text)))
-        return f"Thought: done.\nFinal Answer: OUTPUT-{name} (context saw {','.join(seen) or 'nothing'})"
+            self._calls.append(task)
+        if self.fail_on == task:
+            raise RuntimeError(f"model crashed in {task}")
 
 
 class RefusingLLM(BaseLLM):
@@ -110,11 +79,14 @@ def make_crew(
     descriptions: tuple[str, ...] = ("TASK-1: part one.", "TASK-2: part two.", "TASK-3: part three."),
     **task_kwargs: Any,
 ) -> Any:
-    from crewai import Agent, Crew, Task
-
-    agent = Agent(role="writer", goal="write", backstory="careful", llm=llm, max_iter=3)
-    tasks = [Task(description=d, expected_output="a part", agent=agent, **task_kwargs) for d in descriptions]
-    return Crew(agents=[agent], tasks=tasks, verbose=False)
+    return lg_crewai.make_crew(
+        llm,
+        role="writer",
+        goal="write",
+        tasks=[(d, "a part") for d in descriptions],
+        max_iter=3,
+        task_kwargs=task_kwargs,
+    )
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
+from lg_langchain import ScriptedChatModel, call_tool_until
 
 import loop_governor as lg
 from langchain_governor import GovernorMiddleware, ToolCallJournal, ToolJournalMiddleware
@@ -52,34 +51,11 @@ def test_same_crash_without_journal_repeats_the_side_effect(tmp_path: Path, rs: 
 # -- in-process behaviour ----------------------------------------------------------------------
 
 
-class Scripted(BaseChatModel):
+def scripted(lines: list[str], ids: list[str]) -> ScriptedChatModel:
     """Calls ``append_line`` once per turn with ``lines[n]`` and id ``ids[n]``, then answers."""
-
-    lines: list[str]
-    ids: list[str]
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> Scripted:
-        return self
-
-    def _generate(
-        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
-    ) -> ChatResult:
-        n = sum(isinstance(m, ToolMessage) for m in messages)
-        if n >= len(self.lines):
-            reply = AIMessage(content="done")
-        else:
-            call = {"name": "append_line", "args": {"line": self.lines[n]}, "id": self.ids[n], "type": "tool_call"}
-            reply = AIMessage(content="", tool_calls=[call])
-        return ChatResult(generations=[ChatGeneration(message=reply)])
-
-    async def _agenerate(
-        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
-    ) -> ChatResult:
-        return self._generate(messages)
+    return ScriptedChatModel(
+        script=call_tool_until("append_line", len(lines), lambda n: {"line": lines[n]}, call_id=lambda n: ids[n])
+    )
 
 
 class Crash(RuntimeError):
@@ -110,7 +86,7 @@ class CrashOnceAfter(AgentMiddleware):
         return result
 
 
-def _agent(ledger: list[str], model: Scripted, middleware: list[Any], checkpointer: Any = None) -> Any:
+def _agent(ledger: list[str], model: ScriptedChatModel, middleware: list[Any], checkpointer: Any = None) -> Any:
     @tool
     def append_line(line: str) -> str:
         """Append a line (the side effect)."""
@@ -128,7 +104,7 @@ def test_failed_run_resumes_with_journaled_result(tmp_path: Path, mode: str) -> 
     governor.subscribe(events.append)
     journal = ToolCallJournal(FileCheckpointStore(tmp_path))
     middleware = [CrashOnceAfter("c1"), ToolJournalMiddleware(journal, governor=governor), GovernorMiddleware(governor)]
-    agent = _agent(ledger, Scripted(lines=["a", "b"], ids=["c0", "c1"]), middleware)
+    agent = _agent(ledger, scripted(lines=["a", "b"], ids=["c0", "c1"]), middleware)
     config: Any = {"configurable": {"thread_id": "t"}}
 
     def run(payload: Any) -> Any:
@@ -151,7 +127,7 @@ def test_reused_call_id_in_a_later_turn_runs_again() -> None:
     # is a new call in a new turn and must not be answered from the journal.
     ledger: list[str] = []
     journal = ToolCallJournal(MemoryCheckpointStore())
-    agent = _agent(ledger, Scripted(lines=["a", "a"], ids=["call_0", "call_0"]), [ToolJournalMiddleware(journal)])
+    agent = _agent(ledger, scripted(lines=["a", "a"], ids=["call_0", "call_0"]), [ToolJournalMiddleware(journal)])
     agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "t"}})
     assert ledger == ["a", "a"]
 
@@ -159,7 +135,7 @@ def test_reused_call_id_in_a_later_turn_runs_again() -> None:
 def test_threads_do_not_share_journal_entries() -> None:
     ledger: list[str] = []
     store = MemoryCheckpointStore()
-    agent = _agent(ledger, Scripted(lines=["a"], ids=["c0"]), [ToolJournalMiddleware(ToolCallJournal(store))])
+    agent = _agent(ledger, scripted(lines=["a"], ids=["c0"]), [ToolJournalMiddleware(ToolCallJournal(store))])
     for thread in ("t1", "t2"):
         agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": thread}})
     assert ledger == ["a", "a"]
@@ -169,7 +145,7 @@ def test_threads_do_not_share_journal_entries() -> None:
 def test_run_without_thread_id_is_not_journaled() -> None:
     ledger: list[str] = []
     store = MemoryCheckpointStore()
-    model = Scripted(lines=["a"], ids=["c0"])
+    model = scripted(lines=["a"], ids=["c0"])
 
     @tool
     def append_line(line: str) -> str:

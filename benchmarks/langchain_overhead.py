@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -69,9 +70,19 @@ def main() -> None:
         "governed tool_call": lambda: governed.invoke(call),
     }
     result = medians(cases, opts.rounds, opts.calls)
+    # Inside a task the governor's loop guard would (rightly) stop a model that repeats the
+    # identical call with the identical result, so each call asks for a new key.
+    counter = itertools.count()
+
+    def fresh_call() -> dict[str, Any]:
+        return {**call, "args": {"key": f"k{next(counter)}", "limit": 2}}
+
     with governor.task("bench"):
         scoped = medians(
-            {"plain in task": lambda: lookup.invoke(call), "governed in task": lambda: governed.invoke(call)},
+            {
+                "plain in task": lambda: lookup.invoke(fresh_call()),
+                "governed in task": lambda: governed.invoke(fresh_call()),
+            },
             opts.rounds,
             opts.calls,
         )

@@ -175,6 +175,10 @@ class Governor:
         self.rules: tuple[Rule, ...] = tuple(rules)
         self._policies: dict[str, ResolvedPolicy] = {}
         self._policy_lock = threading.Lock()
+        cfg = self.config
+        self._budgeted = any(
+            limit is not None for limit in (cfg.max_steps, cfg.max_tokens, cfg.max_cost, cfg.max_wall_s)
+        )
         self._subscribers: list[Subscriber] = []
         self._emitting = False
         self.sink_failures = 0
@@ -303,6 +307,9 @@ class Governor:
         """Count a step; raise BudgetExhaustedError (with the partial results) when a task
         budget is spent. Checked before the step runs, so the cap is exact."""
         cfg = self.config
+        if not self._budgeted:
+            scope.steps += 1
+            return
         spent: tuple[str, float, float] | None = None
         if cfg.max_steps is not None and scope.steps >= cfg.max_steps:
             spent = ("max_steps", cfg.max_steps, scope.steps)

@@ -116,17 +116,23 @@ class ProgressGuard:
             self._call_streak = 1
             self._last_key = None
         self._last_hash, self._last_key_fn = digest, key_fn
-        if _is_trivial(text, self.trivial_chars):
-            self._by_tool.pop(tool, None)
-            return self._judge(tool, self._call_streak)
-        prev = self._by_tool.get(tool)
-        streak = prev[1] + 1 if prev is not None and prev[0] == digest else 1
-        self._by_tool[tool] = (digest, streak)
+        by_tool = self._by_tool
+        prev = by_tool.get(tool)
+        if prev is None or prev[0] != digest:
+            by_tool[tool] = (digest, 1)  # a new result: no streak (triviality doesn't matter yet)
+            streak = 1
+        elif _is_trivial(text, self.trivial_chars):
+            del by_tool[tool]  # "0" again after "0": an exit code, not a verdict
+            streak = 0
+        else:
+            streak = prev[1] + 1
+            by_tool[tool] = (digest, streak)
         return self._judge(tool, max(streak, self._call_streak))
 
     def _judge(self, tool: str, count: int) -> Verdict:
         if count < self.threshold:
-            self._warned.discard(tool)
+            if self._warned:
+                self._warned.discard(tool)
             return OK
         if tool not in self._warned:
             self._warned.add(tool)

@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import inspect
-import json
 import random as _random
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextvars import ContextVar, Token
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenacity import AsyncRetrying, Retrying
@@ -45,8 +41,9 @@ from loop_governor.errors import (
     TransientError,
     error_from_info,
 )
-from loop_governor.progress import NOTE, OK, ProgressGuard, annotate, result_text
+from loop_governor.progress import NOTE, OK, annotate, result_text
 from loop_governor.retry import BreakerRefused, CallAttempts
+from loop_governor.scope import _CALL_META, _SCOPE, TaskScope, call_key
 from loop_governor.stores import Store, store_from_url
 
 if TYPE_CHECKING:
@@ -56,98 +53,6 @@ T = TypeVar("T")
 _MISSING: Any = object()
 
 Subscriber = Callable[[dict[str, Any]], None]
-
-_SCOPE: ContextVar[TaskScope | None] = ContextVar("loop_governor_task", default=None)
-# Framework facts about the call in flight (e.g. LangChain's tool_call_id) for its events.
-_CALL_META: ContextVar[dict[str, Any] | None] = ContextVar("loop_governor_call_meta", default=None)
-
-
-def call_key(tool: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> str:
-    """A stable key for "this tool with these arguments": tool + digest of canonical JSON."""
-    payload = json.dumps([list(args), kwargs or {}], sort_keys=True, separators=(",", ":"), default=repr)
-    return f"{tool}:{hashlib.sha256(payload.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}"
-
-
-class TaskScope:
-    """Per-task counters; the durable per-task state (budget, known-bad) is in the store."""
-
-    __slots__ = (
-        "_token",
-        "checkpoint",
-        "cost",
-        "governor",
-        "known_bad",
-        "model_calls",
-        "progress",
-        "results",
-        "started_at",
-        "steps",
-        "task_id",
-        "tokens",
-        "tool_calls",
-    )
-
-    def __init__(self, governor: Governor, task_id: str) -> None:
-        self.governor = governor
-        self.task_id = task_id
-        self.steps = 0
-        self.tool_calls = 0
-        self.model_calls = 0
-        self.known_bad = 0
-        self.results: list[Any] = []
-        self.started_at = 0.0
-        self.checkpoint: TaskCheckpoint | None = None
-        self.tokens = 0
-        self.cost = 0.0
-        config = governor.config
-        self.progress = ProgressGuard(config.no_progress_threshold, config.trivial_result_chars)
-        self._token: Token[TaskScope | None] | None = None
-
-    # Both context-manager protocols: ``with g.task(...)`` and ``async with g.task(...)``.
-    def __enter__(self) -> TaskScope:
-        if self._token is not None:
-            raise RuntimeError(f"task scope {self.task_id!r} is already entered")
-        self.started_at = self.governor.clock()
-        self.known_bad = self.governor.store.known_bad_count(self.task_id)
-        checkpoints = self.governor.checkpoints
-        if checkpoints is not None:
-            # Resume: completed calls, known-bad calls and sub-results come back.
-            from loop_governor.checkpoint import TaskCheckpoint  # optional feature, loaded on demand
-
-            self.checkpoint = checkpoints.load(self.task_id) or TaskCheckpoint(task_id=self.task_id)
-            self.results = self.checkpoint.results
-            self.steps = self.checkpoint.step
-        self._token = _SCOPE.set(self)
-        self.governor.emit("task_start")
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        gov = self.governor
-        gov.emit("task_end", steps=self.steps, tool_calls=self.tool_calls, model_calls=self.model_calls)
-        if self._token is not None:
-            _SCOPE.reset(self._token)
-            self._token = None
-        gov.store.end_task(self.task_id)
-
-    async def __aenter__(self) -> TaskScope:
-        return self.__enter__()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-    def add_result(self, value: Any) -> None:
-        """Keep a sub-task result: delivered with BudgetExhaustedError if the task is cut short."""
-        cp = self.checkpoint
-        if cp is None:
-            self.results.append(value)
-            return
-        cp.add_result(value)  # JSON-checked, redacted; then saved so a resume has it
-        self.governor.save_checkpoint(self)
-
 
 class Governor:
     """Governs tool calls. Thread- and asyncio-safe; one per process is typical."""

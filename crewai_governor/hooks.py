@@ -95,7 +95,8 @@ def _pairs_intact(before: list[Any], after: list[Any]) -> bool:
     if any(r is None or r not in issued for r in results):
         return False
     answered = set(results)
-    return all(c in answered for c in calls if c in set(answered_before))
+    was_answered = set(answered_before)
+    return all(c in answered for c in calls if c in was_answered)
 
 
 class GovernorHooks:

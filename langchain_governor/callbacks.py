@@ -49,7 +49,7 @@ def _model_name(
 
 def _preview(value: Any) -> str:
     text = value.content if isinstance(getattr(value, "content", None), str) else str(value)
-    return lg.redact(text[:PREVIEW_CHARS])
+    return lg.redact(text)[:PREVIEW_CHARS]
 
 
 @dataclass
@@ -156,7 +156,7 @@ class GovernorCallbackHandler(BaseCallbackHandler):
             status="error",
             error_type=None if info is None else str(info.error_type),
             signature=None if info is None else info.signature,
-            message=lg.redact(str(error)[:PREVIEW_CHARS]),
+            message=lg.redact(str(error))[:PREVIEW_CHARS],
         )
 
     # -- tools --------------------------------------------------------------------------
@@ -179,7 +179,7 @@ class GovernorCallbackHandler(BaseCallbackHandler):
             tool=tool,
             tool_call_id=tool_call_id,
             run_id=str(run_id),
-            input=lg.redact(input_str[:PREVIEW_CHARS]),
+            input=lg.redact(input_str)[:PREVIEW_CHARS],
         )
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
@@ -214,5 +214,5 @@ class GovernorCallbackHandler(BaseCallbackHandler):
             duration_s=self._clock() - start.started,
             error_type=None if info is None else str(info.error_type),
             signature=None if info is None else info.signature,
-            message=lg.redact(str(error)[:PREVIEW_CHARS]),
+            message=lg.redact(str(error))[:PREVIEW_CHARS],
         )

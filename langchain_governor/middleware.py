@@ -69,6 +69,8 @@ ToolResult = ToolMessage | Command[Any]
 
 def emit_pruning(governor: lg.Governor, before: Sequence[BaseMessage], after: Sequence[BaseMessage]) -> None:
     """Record what a pruner did to one prompt (approximate token counts, no tokenizer)."""
+    if not governor.emitting:
+        return  # counting tokens is the expensive part: only when someone listens
     governor.emit(
         "pruning",
         tokens_before=count_tokens_approximately(before),
@@ -242,7 +244,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             "latency_s": self._clock() - started,
             **usage_fields(reply),
         }
-        if self.record_messages:
+        if self.record_messages and self.governor.emitting:
             seen: list[BaseMessage] = list(request.messages)
             if request.system_message is not None:
                 seen.insert(0, request.system_message)

@@ -452,7 +452,17 @@ def _headers_of(exc: BaseException) -> Any:
     return headers
 
 
+_MAX_RETRY_AFTER = 86_400.0  # a day: longer is not a pause, and "inf" must not reach JSON
+
+
 def _retry_after_of(exc: BaseException, text: str) -> float | None:
+    value = _raw_retry_after(exc, text)
+    if value is None or value != value:  # NaN
+        return None
+    return min(max(0.0, value), _MAX_RETRY_AFTER)
+
+
+def _raw_retry_after(exc: BaseException, text: str) -> float | None:
     headers = _headers_of(exc)
     if headers is not None:
         for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
@@ -466,7 +476,7 @@ def _retry_after_of(exc: BaseException, text: str) -> float | None:
                 continue
             raw = str(raw).strip()
             try:
-                return max(0.0, float(raw) * scale)
+                return float(raw) * scale
             except ValueError:
                 pass
             try:

@@ -164,7 +164,13 @@ class GovernorConfig(BaseSettings):
         return cls(**merged)
 
     def policy_for(self, tool: str) -> ResolvedPolicy:
-        return ResolvedPolicy(self, self.tools.get(tool))
+        override = self.tools.get(tool)
+        if override is None:
+            # Environment variables arrive lower-cased (LOOP_GOVERNOR_TOOLS__sendEmail__RETRY
+            # becomes "sendemail"): a tool's policy must not silently vanish because of it.
+            folded = tool.casefold()
+            override = next((p for name, p in self.tools.items() if name.casefold() == folded), None)
+        return ResolvedPolicy(self, override)
 
 
 def _read_toml_table(path: Path) -> dict[str, Any]:

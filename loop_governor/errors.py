@@ -14,6 +14,7 @@ Each exception carries a :class:`GovernedError`, the structured outcome the mode
 from __future__ import annotations
 
 import json
+import math
 from enum import Enum
 from typing import Any, ClassVar
 
@@ -62,7 +63,7 @@ class GovernedError(BaseModel):
     message: str = ""
     signature: str = ""
     attempts: int = 1
-    retry_after: float | None = Field(default=None, ge=0)
+    retry_after: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     advice: str | None = None
     count: int | None = None
 
@@ -88,12 +89,13 @@ class GovernedError(BaseModel):
         body["message"] = self.message
         body["attempts"] = self.attempts
         if self.retry_after is not None:
-            body["retry_after"] = round(self.retry_after, 1)
+            # whole seconds: a Retry-After date recomputed a moment later gives the same bytes
+            body["retry_after"] = math.ceil(self.retry_after)
         if self.count is not None:
             body["count"] = self.count
         if self.advice is not None:
             body["advice"] = self.advice
-        return json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 class AgentToolError(Exception):

@@ -42,7 +42,7 @@ from loop_governor.errors import (
     error_from_info,
 )
 from loop_governor.progress import NOTE, OK, annotate, result_text
-from loop_governor.retry import BreakerRefused, CallAttempts
+from loop_governor.retry import CallAttempts, RetryRefused
 from loop_governor.scope import _CALL_META, _SCOPE, TaskScope, call_key
 from loop_governor.stores import Store, store_from_url
 
@@ -126,6 +126,11 @@ class Governor:
             self._emitting = bool(self._subscribers)
 
         return unsubscribe
+
+    @property
+    def emitting(self) -> bool:
+        """Whether anyone listens: adapters skip building event payloads otherwise."""
+        return self._emitting
 
     def emit(self, event: str, **fields: Any) -> None:
         """Send an event to subscribers. A failing subscriber never breaks the agent."""
@@ -465,10 +470,10 @@ class Governor:
                 result = Retrying(sleep=self.sleep, **attempts.tenacity_kwargs())(
                     CallAttempts.replay(exc, fn, args, kwargs)
                 )
-            except BreakerRefused as refused:
-                raise self._failed(attempts, args, kwargs, key, started, refused.admission) from attempts.last_exc
+            except RetryRefused:
+                raise self._failed(attempts, args, kwargs, key, started) from attempts.last_exc
             except Exception as final:
-                raise self._failed(attempts, args, kwargs, key, started, None) from final
+                raise self._failed(attempts, args, kwargs, key, started) from final
             admission, n = attempts.admission, attempts.attempts + 1
         else:
             if not (admission.dirty or self._emitting or scope is not None):
@@ -500,10 +505,10 @@ class Governor:
             try:
                 retrying = AsyncRetrying(sleep=self.asleep, **attempts.tenacity_kwargs())
                 result = await retrying(CallAttempts.areplay(exc, run, args, kwargs))
-            except BreakerRefused as refused:
-                raise self._failed(attempts, args, kwargs, key, started, refused.admission) from attempts.last_exc
+            except RetryRefused:
+                raise self._failed(attempts, args, kwargs, key, started) from attempts.last_exc
             except Exception as final:
-                raise self._failed(attempts, args, kwargs, key, started, None) from final
+                raise self._failed(attempts, args, kwargs, key, started) from final
             admission, n = attempts.admission, attempts.attempts + 1
         else:
             n = 1
@@ -548,7 +553,6 @@ class Governor:
         kwargs: dict[str, Any],
         key: str | None,
         started: float,
-        refused: Admission | None,
     ) -> AgentToolError:
         """Turn the last failure into the one outcome the model sees."""
         tool, scope = attempts.tool, attempts.scope
@@ -626,11 +630,12 @@ class Governor:
                 # Another writer of the same task: keep both sides' completed work.
                 latest.completed.update(cp.completed)
                 latest.known_bad.update(cp.known_bad)
-                latest.results.extend(cp.results[len(latest.results) :])
+                latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
                 latest.step = max(latest.step, cp.step)
                 version = store.save(latest)
                 scope.checkpoint = latest
                 scope.results = latest.results
+        scope.results_saved = len(scope.results)
         self.emit("checkpoint_saved", version=version, step=scope.steps)
 
     def _guard_repeats(self, scope: TaskScope | None, info: GovernedError) -> LoopDetectedError | None:

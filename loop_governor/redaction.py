@@ -17,8 +17,11 @@ _MASK = "[REDACTED]"
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # scheme://user:password@host -> keep user, drop password (also redis://:password@host)
     (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/@]*):[^\s@/]+@"), r"\1:" + _MASK + "@"),
-    # Authorization: Bearer <token> / Basic <token>
-    (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9\-._~+/]{8,}=*"), r"\1 " + _MASK),
+    # Authorization: <scheme> <credentials>, whatever the scheme
+    (re.compile(r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z\-]+\s+)?[^\s\"',;]{4,}"), r"\1" + _MASK),
+    # Bearer <token> / Basic <base64> elsewhere: only a credential-looking value (it has a
+    # digit or base64 punctuation), so "a basic explanation" stays readable.
+    (re.compile(r"(?i)\b(bearer|basic)\s+(?=[A-Za-z._~\-]*[0-9+/=])[A-Za-z0-9\-._~+/]{8,}=*"), r"\1 " + _MASK),
     # OpenAI / Anthropic / generic "sk-" keys, Stripe style keys
     (re.compile(r"\b(?:sk|rk|pk)-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{8,}"), _MASK),
     (re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{8,}"), _MASK),
@@ -36,7 +39,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
             r"(?i)([\"']?\b(?:api[_-]?key|apikey|access[_-]?token|refresh[_-]?token|auth[_-]?token|"
-            r"secret(?:[_-]?key)?|client[_-]?secret|password|passwd|pwd|x-api-key|session[_-]?token|"
+            r"secret(?:[_-]?key)?|client[_-]?secret|password|passwd|x-api-key|session[_-]?token|"
             r"aws[_-]?secret[_-]?access[_-]?key)\b[\"']?\s*[:=]\s*[\"']?)([^\s\"'&,;}]{3,})"
         ),
         r"\1" + _MASK,
@@ -69,7 +72,7 @@ _HINTS = (
     "key",
     "secret",
     "passw",
-    "pwd",
+    "authorization",
 )
 
 

@@ -34,12 +34,8 @@ def backoff_delay(retry_index: int, policy: ResolvedPolicy, rnd: float) -> float
     return min(policy.max_delay, math.ldexp(policy.base_delay, retry_index)) * (0.5 + rnd * policy.jitter)
 
 
-class BreakerRefused(Exception):
-    """Internal: the breaker refused a retry attempt (never escapes the governor)."""
-
-    def __init__(self, admission: Admission) -> None:
-        super().__init__("circuit open")
-        self.admission = admission
+class RetryRefused(Exception):
+    """Internal: a retry was refused just before it ran (never escapes the governor)."""
 
 
 class CallAttempts:
@@ -90,24 +86,34 @@ class CallAttempts:
             # The service asked for a longer pause than we may wait: hand back now.
             self.stop_reason = "retry_after"
             return True
-        if self.gov.store.breaker_get(self.tool).state is BreakerState.OPEN:
+        store, scope = self.gov.store, self.scope
+        if store.breaker_get(self.tool).state is BreakerState.OPEN:
             # Our own failure (or another caller's) just opened the breaker: don't sleep for nothing.
             self.stop_reason = "breaker"
             return True
-        scope = self.scope
-        if scope is not None and not self.gov.store.budget_take(scope.task_id, self.gov.config.task_retry_budget):
+        if scope is not None and store.budget_used(scope.task_id) >= self.gov.config.task_retry_budget:
             self.stop_reason = "budget"
             return True
-        return False
+        return False  # the budget is taken in _before, after the sleep, when the retry really runs
 
     def _before(self, state: RetryCallState) -> None:
         if state.attempt_number == 1:
             return  # the replayed first failure: already admitted
-        admission = self.gov.admit(self.tool, self.policy)
+        gov, store, scope = self.gov, self.gov.store, self.scope
+        if store.breaker_get(self.tool).state is not BreakerState.CLOSED:
+            self._refuse("breaker")  # opened during our sleep: nothing taken
+        if scope is not None and not store.budget_take(scope.task_id, gov.config.task_retry_budget):
+            self._refuse("budget")  # another call of the task spent it during our sleep
+        admission = gov.admit(self.tool, self.policy)
         if not admission.allowed:
-            self.stop_reason = "breaker"
-            raise BreakerRefused(admission)
+            # A breaker that opened between the read above and now: the budget unit taken
+            # is lost (a narrow race, and erring towards fewer retries).
+            self._refuse("breaker")
         self.admission = admission
+
+    def _refuse(self, reason: str) -> None:
+        self.stop_reason = reason
+        raise RetryRefused(reason)
 
     def _before_sleep(self, state: RetryCallState) -> None:
         info = self.last_info

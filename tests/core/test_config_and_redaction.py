@@ -110,3 +110,33 @@ def test_model_text_is_stable_compact_and_bounded() -> None:
     assert list(body) == ["type", "retryable", "tool", "status", "message", "attempts", "advice"]
     assert len(body["message"]) <= 500
     assert " " not in text.split('"message"')[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Answer: this is a basic explanation of caching",
+        "invalid input: Basic authentication is not enabled",
+        "token validation failed for request 7",
+        '{"pwd": "/home/alice/project"}',
+        "see the bearer of bad news",
+    ],
+)
+def test_redaction_leaves_ordinary_text_alone(text: str) -> None:
+    # checkpoints and model text are redacted: a false positive changes what a resume returns
+    assert lg.redact(text) == text
+
+
+def test_authorization_header_is_masked_whatever_the_scheme() -> None:
+    for header in (
+        "Authorization: Bearer abcdef1234567890xyz",
+        "authorization=Basic dXNlcjpwYXNzd29yZA==",
+        '"Authorization": "Token 9f8e7d6c5b4a"',
+    ):
+        out = lg.redact(header)
+        assert "[REDACTED]" in out and not any(s in out for s in ("abcdef1234", "dXNlcjpw", "9f8e7d6c"))
+
+
+def test_env_tool_policies_survive_lower_casing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOP_GOVERNOR_TOOLS__sendEmail__RETRY", "false")  # arrives as "sendemail"
+    assert lg.GovernorConfig().policy_for("sendEmail").max_attempts == 1

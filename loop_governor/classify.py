@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from loop_governor.errors import SEVERITY, ErrorType, truncate
 from loop_governor.redaction import redact
@@ -40,6 +40,7 @@ from loop_governor.redaction import redact
 __all__ = ["ErrorInfo", "Rule", "classify", "normalize_message"]
 
 _T, _P, _F = ErrorType.TRANSIENT, ErrorType.PERMANENT, ErrorType.FATAL
+_R = TypeVar("_R")
 
 # Evidence strengths (higher wins).
 _S_RULE, _S_PROVIDER, _S_STATUS, _S_TYPE, _S_TEXT_STATUS, _S_MESSAGE, _S_GENERIC = 7, 6, 5, 4, 3, 2, 1
@@ -547,6 +548,14 @@ def _errno_kind(exc: BaseException) -> ErrorType | None:
     return _ERRNO.get(code)
 
 
+def _guarded(probe: Callable[[BaseException], _R], exc: BaseException, default: _R) -> _R:
+    """One structural probe of a foreign object; whatever it does, the others still run."""
+    try:
+        return probe(exc)
+    except Exception:
+        return default
+
+
 # --- evidence per link -----------------------------------------------------------------
 
 
@@ -562,10 +571,10 @@ class _Evidence:
 def _link_evidence(exc: BaseException, rules: Sequence[Rule]) -> tuple[_Evidence | None, int | None, str]:
     """Classify one exception on its own; returns (evidence, status, text)."""
     message = _safe_str(exc)
-    body = _body_text(exc)
+    body = _guarded(_body_text, exc, "")
     text = f"{message} {body}" if body else message
-    status = _status_of(exc)
-    codes = _codes_of(exc)
+    status = _guarded(_status_of, exc, None)
+    codes: list[str] = _guarded(_codes_of, exc, [])
 
     for rule in rules:
         try:

@@ -233,3 +233,16 @@ def test_classifier_survives_hostile_objects() -> None:
         nxt.__cause__ = deep
         deep = nxt
     assert lg.classify(deep).error_type in ("transient", "permanent", "fatal")
+
+
+def test_a_hostile_body_does_not_cost_the_rest_of_the_evidence() -> None:
+    class Unsliceable(str):
+        def __getitem__(self, item: object) -> str:
+            raise RuntimeError("no slicing")
+
+    class Weird(Exception):
+        body = Unsliceable("abc")
+        status_code = 503
+
+    info = lg.classify(Weird("upstream down"))
+    assert info.error_type == "transient" and info.status == 503 and info.message == "upstream down"

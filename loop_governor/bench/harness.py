@@ -44,6 +44,7 @@ class TaskOutcome:
     required: int
     restarts: int
     peak_concurrency: int = 0
+    peak_retry_rate_per_s: int = 0
 
 
 @dataclass
@@ -167,6 +168,8 @@ def run_world(
                     raise RuntimeError(f"benchmark harness failed on {spec.task_id}") from error
                 outcomes.append(value)
     peak = downstream.peak_concurrency()
+    retry_rate = downstream.peak_retry_rate()
     for outcome in outcomes:
         outcome.peak_concurrency = peak
+        outcome.peak_retry_rate_per_s = retry_rate
     return outcomes

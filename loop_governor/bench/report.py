@@ -28,7 +28,9 @@ _ROWS: tuple[tuple[str, str, Any], ...] = (
     ("failed-task duration", "failed_duration_s", _minutes),
     ("sub-results delivered on failure", "subtasks_delivered_on_failure", lambda v: f"{v:.1f}"),
     ("peak downstream concurrency", "peak_downstream_concurrency", str),
+    ("peak retries per second", "peak_retry_rate_per_s", str),
 )
+_PER_FRAMEWORK_ROWS = (*_ROWS[:5], _ROWS[6])
 
 
 def _cell(summary: dict[str, Any], key: str, fmt: Any) -> str:
@@ -71,7 +73,7 @@ def print_table(result: dict[str, Any], console: Console) -> None:
     for arm in ARMS:
         per.add_column(arm, justify="right")
     for framework, arms in result["per_framework"].items():
-        for label, key, fmt in _ROWS[:5]:
+        for label, key, fmt in _PER_FRAMEWORK_ROWS:
             per.add_row(framework, label, *(_cell(arms[arm], key, fmt) for arm in ARMS))
     console.print(per)
 
@@ -139,6 +141,10 @@ def html_report(result: dict[str, Any]) -> str:
         _bar_chart("Failed-task duration (virtual minutes)", groups("failed_duration_s", 1 / 60)),
         _bar_chart("Sub-results delivered when a task fails", groups("subtasks_delivered_on_failure")),
         _bar_chart("Tool calls per task, by scenario", scen),
+        _bar_chart(
+            "Peak retries per second at one service (concurrent scenario, mean over worlds)",
+            groups("mean_peak_retry_rate_per_s"),
+        ),
     ]
     rows = "".join(
         f"<tr><td>{html.escape(label)}</td>"

@@ -46,6 +46,15 @@ SEED_PUBLISHED: dict[str, dict[str, float | str]] = {
     },
 }
 
+METRIC_DEFINITIONS: dict[str, str] = {
+    "peak_downstream_concurrency": "most requests in flight at once to one service in the concurrent_flaky "
+    "scenario (max over its worlds; mean_* averages the worlds). Set by the first wave of 5 tasks.",
+    "peak_retry_rate_per_s": "most retries starting within any sliding 1-second window at one service in the "
+    "concurrent_flaky scenario (max over its worlds; mean_* averages the worlds). A retry is a request whose "
+    "task's previous request to the same service failed, whoever re-sent it (model, framework middleware or "
+    "governor); first attempts never count.",
+}
+
 
 def make_runner(framework: str) -> Runner:
     """Import a framework's runner on demand (LangChain / crewAI load only here)."""
@@ -79,8 +88,17 @@ def _quiet_frameworks() -> Iterator[None]:
 def summarize(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
     """The per-arm figures the table, JSON and HTML report show."""
     failed = [o for o in outcomes if o.failed]
+    # one value per world: a world is a (framework, world name) pair, and both frameworks
+    # name their worlds alike
     concurrent_peaks = {
-        o.task_id.rsplit("-", 1)[0]: o.peak_concurrency for o in outcomes if o.scenario == "concurrent_flaky"
+        (o.framework, o.task_id.rsplit("-", 1)[0]): o.peak_concurrency
+        for o in outcomes
+        if o.scenario == "concurrent_flaky"
+    }
+    retry_peaks = {
+        (o.framework, o.task_id.rsplit("-", 1)[0]): o.peak_retry_rate_per_s
+        for o in outcomes
+        if o.scenario == "concurrent_flaky"
     }
     n = len(outcomes)
     return {
@@ -93,6 +111,8 @@ def summarize(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
         "subtasks_delivered_on_failure": round(fmean(o.delivered for o in failed), 3) if failed else 0.0,
         "peak_downstream_concurrency": max(concurrent_peaks.values(), default=0),
         "mean_peak_downstream_concurrency": round(fmean(concurrent_peaks.values()), 3) if concurrent_peaks else 0.0,
+        "peak_retry_rate_per_s": max(retry_peaks.values(), default=0),
+        "mean_peak_retry_rate_per_s": round(fmean(retry_peaks.values()), 3) if retry_peaks else 0.0,
         "failure_reasons": dict(sorted(_count(o.reason for o in failed).items())),
     }
 
@@ -162,6 +182,7 @@ def run_bench(
         for s in SCENARIOS
     }
     result["seed_published"] = SEED_PUBLISHED
+    result["metric_definitions"] = METRIC_DEFINITIONS
     result["settings"] = settings()
     result["tasks"] = [asdict(o) for f in frameworks for arm in ARMS for o in outcomes[f][arm]]
     return result

@@ -175,6 +175,38 @@ class Downstream:
                 peak = max(peak, level)
         return peak
 
+    def peak_retry_rate(self, tool: str | None = None, window_s: float = 1.0) -> int:
+        """Most retries to one service starting within ``window_s`` (see :func:`peak_retry_rate`)."""
+        requests = [r for r in self.requests if tool is None or r.tool == tool]
+        return peak_retry_rate(requests, window_s)
+
+
+def peak_retry_rate(requests: list[Request], window_s: float = 1.0) -> int:
+    """The retry-storm metric: most *retries* reaching one service within any ``window_s``.
+
+    A request is a retry when the previous request of the same task to the same service
+    failed (whoever re-sent it: the model, a framework's retry middleware or the
+    governor). First attempts never count, so the first wave of concurrent tasks, which
+    sets the peak concurrency, does not set this. The window slides (every
+    ``[t, t + window_s)``), so the figure does not depend on where 1-second buckets fall.
+    The result is the maximum over services: with the default window, retries per second.
+    """
+    last_ok: dict[tuple[str, str], bool] = {}
+    retries: dict[str, list[float]] = {}
+    for r in sorted(requests, key=lambda r: (r.start, r.end)):
+        key = (r.task, r.tool)
+        if last_ok.get(key) is False:
+            retries.setdefault(r.tool, []).append(r.start)
+        last_ok[key] = r.ok
+    peak = 0
+    for starts in retries.values():
+        first = 0
+        for i, start in enumerate(starts):  # starts are sorted: slide the window's left edge
+            while starts[first] <= start - window_s:
+                first += 1
+            peak = max(peak, i - first + 1)
+    return peak
+
 
 # -- fault rules --------------------------------------------------------------------------
 

@@ -75,6 +75,19 @@ def test_same_seed_same_json_and_another_seed_differs(bench_result: dict[str, An
     ][: len(other["tasks"])]
 
 
+def test_retry_rate_is_reported_per_arm_framework_and_task(bench_result: dict[str, Any]) -> None:
+    assert "peak_retry_rate_per_s" in bench_result["metric_definitions"]
+    summaries = [bench_result[arm] for arm in ARMS]
+    summaries += [arms[arm] for arms in bench_result["per_framework"].values() for arm in ARMS]
+    for summary in summaries:
+        assert isinstance(summary["peak_retry_rate_per_s"], int)
+        # retries only: the first wave of 5 concurrent first attempts cannot set it
+        assert 0 < summary["peak_retry_rate_per_s"] <= 5
+        assert 0 < summary["mean_peak_retry_rate_per_s"] <= summary["peak_retry_rate_per_s"]
+    concurrent = [t for t in bench_result["tasks"] if t["scenario"] == "concurrent_flaky"]
+    assert max(t["peak_retry_rate_per_s"] for t in concurrent) == max(s["peak_retry_rate_per_s"] for s in summaries)
+
+
 def test_cli_writes_json_and_html(tmp_path: Path) -> None:
     out, page = tmp_path / "bench.json", tmp_path / "bench.html"
     result = CliRunner().invoke(
@@ -93,6 +106,7 @@ def test_cli_writes_json_and_html(tmp_path: Path) -> None:
             "mean_duration_s",
             "failed_duration_s",
             "subtasks_delivered_on_failure",
+            "peak_retry_rate_per_s",
         }
     text = page.read_text()
     assert text.count("<svg") >= 5 and "not a real model" in text

@@ -8,7 +8,7 @@ import pytest
 
 from loop_governor.bench.clock import DeadlineExceeded, VirtualClock, participant
 from loop_governor.bench.policy import PATIENCE, Answer, CallTool, decide
-from loop_governor.bench.world import SCENARIO_BY_NAME, Downstream, ServiceError
+from loop_governor.bench.world import SCENARIO_BY_NAME, Downstream, Request, ServiceError, peak_retry_rate
 
 
 def test_concurrent_participants_overlap_in_virtual_time_deterministically() -> None:
@@ -59,6 +59,33 @@ def test_capacity_overload_and_peak_concurrency() -> None:
     errors = clock.run_concurrently([lambda: ds.call("quote_service", {"symbol": "A"}) for _ in range(3)])
     assert [isinstance(e, ServiceError) for _, e in errors] == [False, False, True]
     assert ds.peak_concurrency("quote_service") == 3
+
+
+def test_peak_retry_rate_counts_only_retries_in_a_sliding_second() -> None:
+    def req(task: str, start: float, ok: bool, tool: str = "svc") -> Request:
+        return Request(task, tool, start, start + 1.5, ok)
+
+    first_wave = [req(t, 10.0, t in "ab") for t in "abcde"]  # 5 at once: concurrency 5, no retry
+    log = [
+        *first_wave,
+        req("c", 12.0, False),  # c, d, e retry 0.9 s apart: one sliding second holds all three
+        req("d", 12.4, True),
+        req("e", 12.9, True),
+        req("c", 14.0, True),  # c's second retry
+        req("a", 20.0, True),  # a's earlier call succeeded: a new call, not a retry
+        req("x", 19.0, False, "other"),
+        req("x", 20.5, False, "other"),  # x's retries are exactly 1 s apart: never in the same
+        req("x", 21.5, True, "other"),  # [t, t + 1) window
+        req("y", 21.5, False, "other"),  # y's first attempt, at the same instant: not a retry
+    ]
+    assert peak_retry_rate(first_wave) == 0
+    assert peak_retry_rate(log) == 3
+    assert peak_retry_rate(log, window_s=0.5) == 2
+    assert peak_retry_rate(log[::-1]) == 3  # order of the log does not matter, start times do
+    assert peak_retry_rate([r for r in log if r.tool == "other"]) == 1
+    ds = Downstream(VirtualClock(), 0, "w", {}, requests=log)
+    assert ds.peak_concurrency("svc") == 5
+    assert ds.peak_retry_rate("svc") == 3 and ds.peak_retry_rate("other") == 1
 
 
 def _spec() -> object:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
@@ -55,6 +56,12 @@ from loop_governor.checkpoint import (
 )
 
 __all__ = ["ToolCallJournal", "ToolJournalMiddleware"]
+
+
+def _digest(fingerprint: str) -> str:
+    """The fingerprint as stored: checkpoints redact every string they keep, and a tool
+    named like a secret (``reset-password``) would come back masked and never match."""
+    return hashlib.sha256(fingerprint.encode("utf-8", "surrogatepass")).hexdigest()
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +117,7 @@ class ToolCallJournal:
         """
         with self._lock:
             found, entry = self._checkpoint(thread_id).get_result(entry_key)
-        if not found or not isinstance(entry, Mapping) or entry.get("call") != fingerprint:
+        if not found or not isinstance(entry, Mapping) or entry.get("call") != _digest(fingerprint):
             return None
         return entry.get("doc")
 
@@ -121,7 +128,7 @@ class ToolCallJournal:
         failing the agent because its result cannot be journaled would be worse than
         not being able to skip it on resume.
         """
-        entry = {"call": fingerprint, "doc": doc}
+        entry = {"call": _digest(fingerprint), "doc": doc}
         with self._lock:
             cp = self._checkpoint(thread_id)
             try:

@@ -42,6 +42,7 @@ from loop_governor.errors import (
     error_from_info,
 )
 from loop_governor.progress import NOTE, OK, annotate, result_text
+from loop_governor.redaction import redact
 from loop_governor.retry import CallAttempts, RetryRefused
 from loop_governor.scope import _CALL_META, _SCOPE, TaskScope, call_key
 from loop_governor.stores import Store, store_from_url
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from loop_governor.checkpoint import CheckpointStore, TaskCheckpoint
 
 T = TypeVar("T")
+_CHECKPOINT_SAVE_ATTEMPTS = 3
 _MISSING: Any = object()
 
 Subscriber = Callable[[dict[str, Any]], None]
@@ -87,6 +89,7 @@ class Governor:
         self._subscribers: list[Subscriber] = []
         self._emitting = False
         self.sink_failures = 0
+        self.checkpoint_failures = 0
         if checkpoint_store is None and self.config.checkpoint_url:
             from loop_governor.checkpoint import checkpoint_store_from_url  # optional feature
 
@@ -613,7 +616,12 @@ class Governor:
         self.save_checkpoint(scope)
 
     def save_checkpoint(self, scope: TaskScope) -> None:
-        """Save the task's checkpoint atomically; on a concurrent writer, merge and retry once."""
+        """Save the task's checkpoint atomically, merging with a concurrent writer.
+
+        Never raises into the agent: the call it records already happened, and failing
+        it because the checkpoint store is down (Redis gone, disk full) would lose the
+        result too. Failures become ``checkpoint_failed`` events.
+        """
         cp, store = scope.checkpoint, self.checkpoints
         if cp is None or store is None:
             return
@@ -621,20 +629,30 @@ class Governor:
 
         cp.step = max(cp.step, scope.steps)
         try:
-            version = store.save(cp)
-        except CheckpointConflictError:
-            latest = store.load(scope.task_id)
-            if latest is None:
-                version = store.save(cp, force=True)
-            else:
-                # Another writer of the same task: keep both sides' completed work.
-                latest.completed.update(cp.completed)
-                latest.known_bad.update(cp.known_bad)
-                latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
-                latest.step = max(latest.step, cp.step)
-                version = store.save(latest)
-                scope.checkpoint = latest
-                scope.results = latest.results
+            for attempt in range(_CHECKPOINT_SAVE_ATTEMPTS):
+                try:
+                    version = store.save(cp)
+                    break
+                except CheckpointConflictError:
+                    if attempt == _CHECKPOINT_SAVE_ATTEMPTS - 1:
+                        raise
+                    latest = store.load(scope.task_id)
+                    if latest is None:  # deleted meanwhile: ours is all there is
+                        version = store.save(cp, force=True)
+                        break
+                    # Another writer of the same task: keep both sides' work.
+                    latest.completed.update(cp.completed)
+                    latest.known_bad.update(cp.known_bad)
+                    latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
+                    latest.metadata.update(cp.metadata)
+                    latest.step = max(latest.step, cp.step)
+                    scope.checkpoint = cp = latest
+                    scope.results = latest.results
+                    scope.results_saved = len(latest.results)
+        except Exception as exc:
+            self.checkpoint_failures += 1
+            self.emit("checkpoint_failed", error=redact(f"{type(exc).__name__}: {exc}")[:500], step=scope.steps)
+            return
         scope.results_saved = len(scope.results)
         self.emit("checkpoint_saved", version=version, step=scope.steps)
 

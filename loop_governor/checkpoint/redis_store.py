@@ -69,7 +69,11 @@ class RedisCheckpointStore:
         if client is None:
             import redis as redis_module
 
-            client = redis_module.Redis.from_url(url, decode_responses=False)
+            # Bounded waits: a stalled Redis must not hang the agent (the governor reports
+            # a failed save as an event and goes on).
+            client = redis_module.Redis.from_url(
+                url, decode_responses=False, socket_timeout=5.0, socket_connect_timeout=2.0
+            )
         self.url = url
         self.client = client
         self.prefix = prefix

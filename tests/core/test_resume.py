@@ -71,3 +71,50 @@ def test_budget_exhaustion_keeps_partial_results_in_the_checkpoint(tmp_path: Pat
             scope.add_result(gov.call("step", lambda n: n * n, i))
     stored = FileCheckpointStore(tmp_path / "cps").load("batch")
     assert stored is not None and stored.results == [0, 1, 4]
+
+
+class _BrokenStore:
+    """A checkpoint store whose backend went away after the task started."""
+
+    def __init__(self) -> None:
+        self.saves = 0
+
+    def load(self, task_id: str) -> None:
+        return None
+
+    def save(self, cp: object, *, force: bool = False) -> int:
+        self.saves += 1
+        raise ConnectionError("checkpoint backend unreachable")
+
+    def delete(self, task_id: str) -> bool:
+        return False
+
+    def list(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_failing_checkpoint_store_never_fails_the_call(clock: VirtualClock) -> None:
+    store = _BrokenStore()
+    gov = lg.Governor(checkpoint_store=store, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    events: list[dict] = []
+    gov.subscribe(events.append)
+    with gov.task("job") as scope:
+        assert gov.call("search", lambda q: f"hits for {q}", "x") == "hits for x"
+        scope.add_result("partial")
+    assert store.saves == 2 and gov.checkpoint_failures == 2
+    assert [e["event"] for e in events].count("checkpoint_failed") == 2
+
+
+def test_merge_keeps_this_writers_metadata(tmp_path: Path, clock: VirtualClock) -> None:
+    config = lg.GovernorConfig(checkpoint_url=f"file://{tmp_path / 'cps'}")
+    first, second = lg.Governor(config, clock=clock), lg.Governor(config, clock=clock)
+    with first.task("job") as a, second.task("job") as b:
+        a.add_result("A")
+        assert b.checkpoint is not None
+        b.checkpoint.metadata["owner"] = "worker-2"
+        b.add_result("B")  # conflicts with A's save: merged
+    stored = FileCheckpointStore(tmp_path / "cps").load("job")
+    assert stored is not None and stored.metadata.get("owner") == "worker-2"

@@ -185,3 +185,15 @@ def test_non_json_result_is_not_journaled_but_nothing_fails() -> None:
     journal = ToolCallJournal(MemoryCheckpointStore())
     assert journal.put("t", "k", "f", {"artifact": object()}) is False
     assert journal.get("t", "k", "f") is None
+
+
+@pytest.mark.parametrize("tool_name", ["send_email", "reset-password", "refresh_token", "rotate-secret"])
+def test_tools_named_like_secrets_are_replayed_too(tmp_path: Path, tool_name: str) -> None:
+    # the journal's entries pass through checkpoint redaction: a tool name that looks
+    # like a secret key must not turn its fingerprint into "[REDACTED]" (no replay)
+    journal = ToolCallJournal(f"sqlite:///{tmp_path / 'j.db'}")
+    fingerprint = lg.call_key(tool_name, (), {"user": "bob"})
+    doc = {"type": "tool", "data": {"content": "done", "tool_call_id": "c"}}
+    journal.put("thread-1", f"ai-1/{tool_name}", fingerprint, doc)
+    reopened = ToolCallJournal(f"sqlite:///{tmp_path / 'j.db'}")
+    assert reopened.get("thread-1", f"ai-1/{tool_name}", fingerprint) == doc

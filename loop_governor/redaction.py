@@ -9,9 +9,29 @@ the provider key formats we see in agent tools, hence the hand-written patterns.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 _MASK = "[REDACTED]"
+
+# Names of secrets: the one list behind both the ``name=value`` text rule below and
+# :func:`is_secret_key` (dict keys in traces and checkpoints).
+_SECRET_NAMES = (
+    r"api[_-]?key|apikey|access[_-]?token|refresh[_-]?token|auth[_-]?token|"
+    r"secret(?:[_-]?key)?|client[_-]?secret|password|passwd|x-api-key|session[_-]?token|"
+    r"aws[_-]?secret[_-]?access[_-]?key"
+)
+# As a dict key these count too when they end the key ("Authorization", "ssh_private_key"),
+# though in free text they would mask ordinary prose. Not "token" or "pwd": tool results
+# carry pagination cursors ("next_token", "page_token") and working directories ("pwd"),
+# and masking them would change what a resumed call returns; real token formats (ghp_,
+# sk-, JWTs...) are caught by the value patterns anyway.
+_KEY_ONLY_NAMES = r"authorization|private[_-]?key"
+# A name counts anywhere in a key between separators ("db_password", "OPENAI_API_KEY",
+# "x-api-key"); camelCase is split into words first ("userPassword" -> "user_Password").
+_SECRET_KEY = re.compile(rf"(?i)(?:^|[^a-z0-9])(?:(?:{_SECRET_NAMES})(?:$|[^a-z0-9])|(?:{_KEY_ONLY_NAMES})$)")
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 # Order matters: specific formats before the generic ``key=value`` rule.
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -37,11 +57,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), _MASK),
     # key=value / "key": "value" for secret-looking names
     (
-        re.compile(
-            r"(?i)([\"']?\b(?:api[_-]?key|apikey|access[_-]?token|refresh[_-]?token|auth[_-]?token|"
-            r"secret(?:[_-]?key)?|client[_-]?secret|password|passwd|x-api-key|session[_-]?token|"
-            r"aws[_-]?secret[_-]?access[_-]?key)\b[\"']?\s*[:=]\s*[\"']?)([^\s\"'&,;}]{3,})"
-        ),
+        re.compile(rf"(?i)([\"']?\b(?:{_SECRET_NAMES})\b[\"']?\s*[:=]\s*[\"']?)([^\s\"'&,;}}]{{3,}})"),
         r"\1" + _MASK,
     ),
 )
@@ -94,12 +110,53 @@ def redact(text: str) -> str:
     return text
 
 
+@lru_cache(maxsize=4096)
+def is_secret_key(name: str) -> bool:
+    """Whether a dict key names a secret (``password``, ``api_key``, ``OPENAI_API_KEY``...).
+
+    Redacting each string on its own misses ``{"password": "hunter2"}``: neither string
+    looks secret alone. Every place that writes structured data out (checkpoints, traces,
+    :func:`redact_obj`) asks this, so they agree on what a secret-named key is.
+    """
+    return _SECRET_KEY.search(_CAMEL_BOUNDARY.sub("_", name)) is not None
+
+
+def mask_secret(value: Any) -> Any:
+    """``value`` as it is stored under a secret-named key: every string in it masked whole.
+
+    Whole, not pattern by pattern: a password has no recognisable shape, and one with a
+    space or a comma in it would otherwise survive from that character on.
+    """
+    if isinstance(value, str):
+        return _MASK
+    if isinstance(value, dict):
+        return {k: mask_secret(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [mask_secret(v) for v in value]
+    return value
+
+
 def redact_obj(value: Any) -> Any:
-    """Redact every string inside a JSON-like structure (dicts, lists, tuples)."""
+    """Redact every string inside a JSON-like structure (dicts, lists, tuples).
+
+    Values under secret-named keys (:func:`is_secret_key`) are masked whole, at any depth.
+    """
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {k: redact_obj(v) for k, v in value.items()}
+        return {
+            k: mask_secret(v) if isinstance(k, str) and is_secret_key(k) else redact_obj(v) for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [redact_obj(v) for v in value]
     return value
+
+
+def mask_url(url: str) -> str:
+    """The URL without its password, for titles, events and logs. (``redact`` alone misses
+    the usual Redis form ``redis://:password@host``, which has no user name.)"""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return redact(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{_MASK}@{host}"))

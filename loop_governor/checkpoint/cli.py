@@ -20,6 +20,7 @@ from loop_governor.checkpoint.base import CheckpointStore
 from loop_governor.checkpoint.errors import CheckpointError
 from loop_governor.checkpoint.model import TaskCheckpoint
 from loop_governor.checkpoint.url import checkpoint_store_from_url
+from loop_governor.redaction import mask_url, redact
 
 StoreOption = Annotated[
     str,
@@ -36,7 +37,7 @@ def _open(url: str) -> CheckpointStore:
     try:
         return checkpoint_store_from_url(url)
     except (ValueError, CheckpointError, ImportError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--store") from None
+        raise typer.BadParameter(redact(str(exc)), param_hint="--store") from None
 
 
 def _when(ts: float | None) -> str:
@@ -56,7 +57,7 @@ def ls(store: StoreOption) -> None:
     backend = _open(store)
     try:
         ids = backend.list()
-        table = Table(title=f"checkpoints in {escape(store)}", title_justify="left")
+        table = Table(title=f"checkpoints in {escape(mask_url(store))}", title_justify="left")
         table.add_column("task id", overflow="fold")
         for name in ("version", "step", "completed", "known-bad", "results"):
             table.add_column(name, justify="right")

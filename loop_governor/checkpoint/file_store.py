@@ -49,6 +49,9 @@ _LONG_PREFIX = 100
 # file systems (macOS, Windows) "Task" and "task" must not map to the same file, so
 # upper-case letters are escaped too. '.' is escaped so no name is '.', '..' or hidden.
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_")
+# The stem of a hashed (long-id) file name, as ``list`` reports it when the file is too
+# damaged to name its task.
+_HASHED_STEM = re.compile(rf"[a-z0-9_%-]{{{_LONG_PREFIX}}}~[0-9a-f]{{64}}")
 
 
 def encode_task_id(task_id: str) -> str:
@@ -154,7 +157,7 @@ class FileCheckpointStore:
         return new
 
     def load(self, task_id: str) -> TaskCheckpoint | None:
-        path = self.path_for(task_id)
+        path = self._existing_path(task_id)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -165,7 +168,7 @@ class FileCheckpointStore:
             raise self._corrupted(task_id, path, data, str(exc)) from None
 
     def delete(self, task_id: str) -> bool:
-        path = self.path_for(task_id)
+        path = self._existing_path(task_id)
         with self._locked() as dir_fd:
             try:
                 path.unlink()
@@ -175,14 +178,24 @@ class FileCheckpointStore:
         return True
 
     def list(self) -> builtins.list[str]:
+        """Task ids with a checkpoint file, sorted.
+
+        A hashed (long-id) file name does not spell its id: the id is read from the file.
+        When the file is too damaged to name it, its stem is listed instead (never
+        skipped, so ``checkpoints ls`` shows it as corrupt); ``load`` and ``delete``
+        accept that stem too.
+        """
         ids: builtins.list[str] = []
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 if entry.name.startswith(".") or not entry.name.endswith(SUFFIX):
                     continue
-                task_id = decode_task_id(entry.name[: -len(SUFFIX)])
+                stem = entry.name[: -len(SUFFIX)]
+                task_id = decode_task_id(stem)
                 if task_id is None:  # hashed long id: the file holds the full id
                     task_id = self._id_from_file(Path(entry.path))
+                if task_id is None and _HASHED_STEM.fullmatch(stem):
+                    task_id = stem
                 if task_id is not None:
                     ids.append(task_id)
         return sorted(ids)
@@ -209,6 +222,15 @@ class FileCheckpointStore:
         return removed
 
     # -- internals -------------------------------------------------------------------------
+
+    def _existing_path(self, task_id: str) -> Path:
+        """:meth:`path_for`, or the file a hashed stem from :meth:`list` names."""
+        path = self.path_for(task_id)
+        if _HASHED_STEM.fullmatch(task_id) and not path.exists():
+            named = self.directory / (task_id + SUFFIX)
+            if named.exists():
+                return named
+        return path
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[int]:

@@ -8,7 +8,8 @@ call and records into it after.
 
 Everything stored is plain JSON (never pickle: a checkpoint is loaded from disk, and
 unpickling is code execution), and every string is passed through
-:func:`loop_governor.redaction.redact` before it is kept, so secrets never reach disk.
+:func:`loop_governor.redaction.redact` before it is kept (values under secret-named keys,
+``{"password": ...}``, are masked whole), so secrets never reach disk.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, field
 
 from loop_governor.checkpoint.errors import CheckpointSerializationError
 from loop_governor.errors import GovernedError
-from loop_governor.redaction import redact
+from loop_governor.redaction import is_secret_key, mask_secret, redact
 
 SCHEMA_VERSION = 1
 """Bumped when the stored layout changes incompatibly; newer data is refused, not guessed."""
@@ -40,24 +41,6 @@ def _redact_cached(text: str) -> str:
     # A checkpoint is rewritten whole on every save, so the same strings are redacted
     # again and again; ``str`` caches its hash, which makes this lookup O(1) for them.
     return redact(text)
-
-
-@lru_cache(maxsize=4096)
-def _is_secret_name(name: str) -> bool:
-    """Whether a dict key names a secret (``password``, ``api_key``...).
-
-    Redacting each string on its own would miss ``{"password": "hunter2"}``: neither
-    string looks secret alone. The redaction rules know secret names in ``name=value``
-    form, so ask them about a probe value instead of keeping a second list of names.
-    """
-    probe = f"{name}=probe-value"
-    return _redact_cached(probe) != probe
-
-
-def _redact_field(name: str, value: str) -> str:
-    masked = _redact_cached(f"{name}={value}")
-    prefix = f"{name}="
-    return masked[len(prefix) :] if masked.startswith(prefix) else _redact_cached(value)
 
 
 def storage_key(call_key: str) -> str:
@@ -107,10 +90,10 @@ def _convert(value: Any, serializer: Serializer | None, where: str) -> JsonValue
                     )
                 break
             name = str.__str__(key)
-            if isinstance(item, str) and _is_secret_name(name):
-                out[storage_key(name)] = _redact_field(name, str.__str__(item))
-            else:
-                out[storage_key(name)] = _convert(item, serializer, f"{where}[{key!r}]")
+            converted = _convert(item, serializer, f"{where}[{key!r}]")
+            # {"password": "correct horse"}: neither string looks secret alone, and a
+            # password has no shape to match, so the whole value goes.
+            out[storage_key(name)] = mask_secret(converted) if is_secret_key(name) else converted
         else:
             return out
     elif isinstance(value, list):

@@ -52,6 +52,12 @@ def _reply_text(reply: Any) -> str:
     return text_of(content) if not isinstance(content, str) else content
 
 
+def _one_line(text: str) -> str:
+    """``text`` on one line: every line separator ``str.splitlines`` knows (``\\r``,
+    ``\\u2028``, ``\\x1c``...) becomes a space, so a ledger line reloads whole."""
+    return " ".join(text.splitlines())
+
+
 class IncrementalSummarizer:
     """Folds old turns into one summary message once the conversation passes ``trigger_tokens``.
 
@@ -199,18 +205,21 @@ class IncrementalSummarizer:
             if c.tool_call_id(m):
                 ids.add(str(c.tool_call_id(m)))
             (kept if self._pinned(m, c) or (ids & keep_ids) else to_fold).append(m)
-        next_id = max((r.id for r in self.requests), default=1) + 1
-        if not any(r.id == 1 for r in self.requests):
+        # The new ledger is built aside and committed only once the model has answered: a
+        # failed model call followed by a retry must not add the same requests twice.
+        requests = [UserRequest(r.id, r.text, r.done) for r in self.requests]
+        next_id = max((r.id for r in requests), default=1) + 1
+        if not any(r.id == 1 for r in requests):
             first_text = text_of(codecs[head_end - 1].content(first_user))
-            self.requests.insert(0, UserRequest(1, "(the first user message above) " + first_text[:200]))
+            requests.insert(0, UserRequest(1, _one_line("(the first user message above) " + first_text[:200])))
         for m in to_fold:
             c = codec_for(m)
             if c.role(m) == USER:
                 half = self.max_request_chars // 2
-                text = head_tail(text_of(c.content(m)), half, half, self.max_request_chars).replace("\n", " ")
-                self.requests.append(UserRequest(next_id, text))
+                text = _one_line(head_tail(text_of(c.content(m)), half, half, self.max_request_chars))
+                requests.append(UserRequest(next_id, text))
                 next_id += 1
-        ledger = "\n".join(f"R{r.id} [{'DONE' if r.done else 'PENDING'}]: {r.text}" for r in self.requests)
+        ledger = "\n".join(f"R{r.id} [{'DONE' if r.done else 'PENDING'}]: {r.text}" for r in requests)
         new_turns = "\n".join(self._render(m, codec_for(m)) for m in to_fold)
         prompt = (
             f"Previous summary:\n{self.summary or '(none)'}\n\nUser requests so far:\n{ledger}\n\n"
@@ -220,8 +229,9 @@ class IncrementalSummarizer:
         done_ids: set[int] = set()
         for match in _DONE_LINE.finditer(reply):
             done_ids.update(int(x) for x in _REQ_ID.findall(match.group(1)))
-        for r in self.requests:
+        for r in requests:
             r.done = r.done or r.id in done_ids
+        self.requests = requests
         self.summary = _DONE_LINE.sub("", reply).strip()
         self.rounds += 1
         summary_msg = codecs[head_end - 1].new_user(first_user, self.render_summary())

@@ -23,13 +23,14 @@ away leaves nothing behind for longer than ``ttl_s``.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import random as _random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
@@ -49,6 +50,7 @@ from loop_governor.breaker import (
     Transition,
     force,
 )
+from loop_governor.redaction import mask_url as _mask_url
 from loop_governor.redaction import redact
 from loop_governor.stores.base import BreakerStatus, Clock
 from loop_governor.stores.memory import MemoryStore
@@ -58,6 +60,12 @@ __all__ = ["RedisStore"]
 log = logging.getLogger(__name__)
 
 EventCallback = Callable[[dict[str, Any]], None]
+_T = TypeVar("_T")
+
+
+class _Retry(enum.Enum):
+    RETRY = "retry"
+
 
 _STATES = {s.value: s for s in BreakerState}
 
@@ -240,16 +248,6 @@ def _split_options(url: str) -> tuple[str, dict[str, str]]:
 _URL_OPTIONS = ("namespace", "ttl_s")
 
 
-def _mask_url(url: str) -> str:
-    """The URL without its password, for events and logs. (``redact`` alone misses the
-    usual Redis form ``redis://:password@host``, which has no user name.)"""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return redact(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:[REDACTED]@{host}"))
-
-
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
@@ -265,6 +263,33 @@ class _Outage:
         self.signatures: dict[str, dict[str, int]] = {}
         self.ended: set[str] = set()
         self.attempts = 0
+
+    def empty(self) -> bool:
+        return not (self.tools or self.budget_taken or self.known_bad or self.signatures or self.ended)
+
+    def absorb(self, later: _Outage) -> None:
+        """Add the deltas of ``later`` (recorded after ours) to ours."""
+        self.tools |= later.tools
+        for task_id in later.ended:  # the task ended after our deltas: they are moot
+            self.budget_taken.pop(task_id, None)
+            self.known_bad.pop(task_id, None)
+            self.signatures.pop(task_id, None)
+        self.ended |= later.ended
+        for task_id, n in later.budget_taken.items():
+            self.budget_taken[task_id] = self.budget_taken.get(task_id, 0) + n
+        for task_id, calls in later.known_bad.items():
+            self.known_bad.setdefault(task_id, {}).update(calls)
+        for task_id, counts in later.signatures.items():
+            mine = self.signatures.setdefault(task_id, {})
+            for sig, n in counts.items():
+                mine[sig] = mine.get(sig, 0) + n
+        self.attempts = max(self.attempts, later.attempts)
+
+
+# Recovery merges the outage's deltas in rounds while other threads keep working locally;
+# if they still add deltas after this many rounds, the last round holds them off (one
+# round trip) so recovery always completes.
+_MERGE_ROUNDS = 8
 
 
 class RedisStore:
@@ -331,7 +356,13 @@ class RedisStore:
         self._delay = reconnect_base_s
         self._next_try = 0.0
         self._outage: _Outage | None = None
+        # _state_lock: one thread at a time changes the outage state (fall back, reconnect).
+        # _local_lock (held briefly): a degraded-mode operation updates the fallback and the
+        # outage deltas atomically with respect to the recovery's swaps, so nothing written
+        # locally can miss the merge. Recovery holds it across a network call only in its
+        # last round, when other threads kept adding deltas for _MERGE_ROUNDS - 1 rounds.
         self._state_lock = threading.Lock()
+        self._local_lock = threading.Lock()
         self.fallbacks = 0  # how many times this store fell back (for tests and reports)
 
     # -- keys ----------------------------------------------------------------------------
@@ -382,7 +413,8 @@ class RedisStore:
             if self._outage is not None:
                 return
             now = self._monotonic()
-            self._outage = _Outage(now)
+            with self._local_lock:
+                self._outage = _Outage(now)
             self._delay = self._reconnect_base
             self._next_try = now + self._delay
             self.fallbacks += 1
@@ -406,23 +438,14 @@ class RedisStore:
         if self._monotonic() < self._next_try or not self._state_lock.acquire(blocking=False):
             return False
         try:
-            outage = self._outage
-            if outage is None:
+            if self._outage is None:  # another thread recovered meanwhile
                 return True
-            outage.attempts += 1
-            try:
-                self._redis.ping()
-                merged = self._merge(outage)
-            except (redis.RedisError, OSError):
-                self._delay = min(self._reconnect_max, self._delay * 2)
-                # Jitter so a fleet doesn't reconnect in lock-step.
-                self._next_try = self._monotonic() + self._delay * (0.5 + 0.5 * self._random())
-                return False
-            down_s = self._monotonic() - outage.started
-            self._outage = None
-            self._fallback = MemoryStore()
+            outcome = self._recover()
         finally:
             self._state_lock.release()
+        if outcome is None:
+            return False
+        down_s, attempts, merged = outcome
         log.warning("loop-governor: redis store reachable again after %.1fs; state merged", down_s)
         self._emit(
             {
@@ -430,11 +453,60 @@ class RedisStore:
                 "store": "redis",
                 "url": self.safe_url,
                 "down_s": down_s,
-                "attempts": outage.attempts,
+                "attempts": attempts,
                 "merged": merged,
             }
         )
         return True
+
+    def _recover(self) -> tuple[float, int, dict[str, int]] | None:
+        """Reconnect and merge the outage back (caller holds ``_state_lock``).
+
+        Other threads keep working locally meanwhile: each round swaps in a fresh outage
+        record (under ``_local_lock``) and merges the previous one, until a swap finds no
+        new deltas; only then does the store leave local state, in the same locked step.
+        The last round merges under the lock, so recovery ends even under a steady stream
+        of local writes. Returns ``(down_s, attempts, merged)``, or None if Redis failed.
+        """
+        with self._local_lock:
+            outage = self._outage
+            assert outage is not None
+            outage.attempts += 1
+            started, attempts = outage.started, outage.attempts
+        merged = {"breakers": 0, "budgets": 0, "known_bad": 0, "signatures": 0}
+
+        def count(counts: dict[str, int]) -> None:
+            for k, n in counts.items():
+                merged[k] += n
+
+        try:
+            self._redis.ping()
+            for round_ in range(1, _MERGE_ROUNDS + 1):
+                with self._local_lock:
+                    pending = self._outage
+                    assert pending is not None
+                    if round_ == _MERGE_ROUNDS and not pending.empty():
+                        count(self._merge(pending))  # if this fails, the deltas stay where they are
+                    if round_ == _MERGE_ROUNDS or pending.empty():
+                        self._outage = None
+                        self._fallback = MemoryStore()
+                        return self._monotonic() - started, attempts, merged
+                    fresh = _Outage(started)
+                    fresh.attempts = attempts
+                    self._outage = fresh
+                try:
+                    count(self._merge(pending))
+                except BaseException:
+                    with self._local_lock:  # not merged: keep its deltas (and the newer ones)
+                        pending.absorb(fresh)  # (only this thread replaces self._outage now)
+                        self._outage = pending
+                    raise
+        except (redis.RedisError, OSError):
+            self._delay = min(self._reconnect_max, self._delay * 2)
+            # Jitter so a fleet doesn't reconnect in lock-step.
+            self._next_try = self._monotonic() + self._delay * (0.5 + 0.5 * self._random())
+            return None
+        raise AssertionError("unreachable: the last merge round always returns")
 
     def _merge(self, outage: _Outage) -> dict[str, int]:
         """Push the outage's local deltas to Redis (one pipeline)."""
@@ -473,32 +545,42 @@ class RedisStore:
             "signatures": sum(len(c) for c in outage.signatures.values()),
         }
 
-    def _note(self, fn: Callable[[_Outage], None]) -> None:
-        outage = self._outage
-        if outage is not None:
-            fn(outage)
+    def _local(self, op: Callable[[MemoryStore, _Outage], _T]) -> _T | _Retry:
+        """Run ``op(fallback, outage)`` on local state, atomically with respect to the
+        recovery's swaps; ``_Retry.RETRY`` when the store left local state meanwhile (then the
+        operation must go to Redis, or a write would land in a discarded fallback)."""
+        with self._local_lock:
+            outage = self._outage
+            if outage is None:
+                return _Retry.RETRY
+            return op(self._fallback, outage)
 
     # -- breakers ------------------------------------------------------------------------
 
-    def breaker_admit(
-        self, tool: str, clock: Clock, policy: BreakerPolicy
-    ) -> tuple[Admission, Transition | None]:
-        if self._available():
-            key = self._bkey(tool)
-            cooldown, ttl = _num(policy.cooldown_s), self._breaker_ttl_ms(policy)
-            try:
-                # Closed (the success path) is a read: one plain HMGET, about a GET's cost.
-                # Otherwise the clock is read and the admit script decides atomically
-                # (it re-reads the state, which may have changed in between).
-                state, failures = self._redis.hmget(key, ["s", "f"])
-                if state is None or state == "closed":
-                    return (ADMIT_DIRTY if failures not in (None, "0") else ADMIT), None
-                reply = self._admit(keys=[key], args=[_num(clock()), cooldown, ttl])
-                return self._admission(reply)
-            except (redis.RedisError, OSError) as exc:
-                self._fail("breaker_admit", exc)
-        self._note(lambda o: o.tools.add(tool))
-        return self._fallback.breaker_admit(tool, clock, policy)
+    def breaker_admit(self, tool: str, clock: Clock, policy: BreakerPolicy) -> tuple[Admission, Transition | None]:
+        while True:
+            if self._available():
+                key = self._bkey(tool)
+                cooldown, ttl = _num(policy.cooldown_s), self._breaker_ttl_ms(policy)
+                try:
+                    # Closed (the success path) is a read: one plain HMGET, about a GET's cost.
+                    # Otherwise the clock is read and the admit script decides atomically
+                    # (it re-reads the state, which may have changed in between).
+                    state, failures = self._redis.hmget(key, ["s", "f"])
+                    if state is None or state == "closed":
+                        return (ADMIT_DIRTY if failures not in (None, "0") else ADMIT), None
+                    reply = self._admit(keys=[key], args=[_num(clock()), cooldown, ttl])
+                    return self._admission(reply)
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("breaker_admit", exc)
+
+            def local(fb: MemoryStore, o: _Outage) -> tuple[Admission, Transition | None]:
+                o.tools.add(tool)
+                return fb.breaker_admit(tool, clock, policy)
+
+            result = self._local(local)
+            if result is not _Retry.RETRY:
+                return result
 
     @staticmethod
     def _admission(reply: list[str]) -> tuple[Admission, Transition | None]:
@@ -514,33 +596,41 @@ class RedisStore:
             return adm, None
         raise redis.ResponseError(f"unexpected admit reply {reply!r}")
 
-    def breaker_record(
-        self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy
-    ) -> Transition | None:
-        if self._available():
-            args = [
-                "1" if ok else "0",
-                "1" if probe else "0",
-                _num(now),
-                policy.failure_threshold,
-                self._breaker_ttl_ms(policy),
-            ]
-            try:
-                reply = self._record(keys=[self._bkey(tool)], args=args)
-                return (_STATES[reply[0]], _STATES[reply[1]]) if reply else None
-            except (redis.RedisError, OSError) as exc:
-                self._fail("breaker_record", exc)
-        self._note(lambda o: o.tools.add(tool))
-        return self._fallback.breaker_record(tool, ok, probe, now, policy)
+    def breaker_record(self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy) -> Transition | None:
+        while True:
+            if self._available():
+                args = [
+                    "1" if ok else "0",
+                    "1" if probe else "0",
+                    _num(now),
+                    policy.failure_threshold,
+                    self._breaker_ttl_ms(policy),
+                ]
+                try:
+                    reply = self._record(keys=[self._bkey(tool)], args=args)
+                    return (_STATES[reply[0]], _STATES[reply[1]]) if reply else None
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("breaker_record", exc)
+
+            def local(fb: MemoryStore, o: _Outage) -> Transition | None:
+                o.tools.add(tool)
+                return fb.breaker_record(tool, ok, probe, now, policy)
+
+            result = self._local(local)
+            if result is not _Retry.RETRY:
+                return result
 
     def breaker_get(self, tool: str) -> BreakerRecord:
-        if self._available():
-            try:
-                h = self._redis.hmget(self._bkey(tool), ["s", "f", "o", "p"])
-                return self._to_record(h)
-            except (redis.RedisError, OSError) as exc:
-                self._fail("breaker_get", exc)
-        return self._fallback.breaker_get(tool)
+        while True:
+            if self._available():
+                try:
+                    h = self._redis.hmget(self._bkey(tool), ["s", "f", "o", "p"])
+                    return self._to_record(h)
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("breaker_get", exc)
+            record = self._local(lambda fb, o: fb.breaker_get(tool))
+            if record is not _Retry.RETRY:
+                return record
 
     @staticmethod
     def _to_record(h: list[Any]) -> BreakerRecord:
@@ -549,126 +639,169 @@ class RedisStore:
         return BreakerRecord(_STATES[str(h[0])], int(h[1] or 0), float(h[2] or 0), float(h[3] or 0))
 
     def breaker_list(self) -> list[BreakerStatus]:
-        if self._available():
-            try:
-                prefix = self._bkey("")
-                keys = sorted(self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=500))
-                pipe = self._redis.pipeline(transaction=False)
-                for key in keys:
-                    pipe.hmget(key, ["s", "f", "o", "p"])
-                out = []
-                for key, h in zip(keys, pipe.execute(), strict=True):
-                    if h[0] is None:
-                        continue  # expired between SCAN and HMGET
-                    rec = self._to_record(h)
-                    out.append(BreakerStatus(key[len(prefix) :], rec.state, rec.failures, rec.opened_at))
-                return out
-            except (redis.RedisError, OSError) as exc:
-                self._fail("breaker_list", exc)
-        return self._fallback.breaker_list()
+        while True:
+            if self._available():
+                try:
+                    prefix = self._bkey("")
+                    keys = sorted(self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=500))
+                    pipe = self._redis.pipeline(transaction=False)
+                    for key in keys:
+                        pipe.hmget(key, ["s", "f", "o", "p"])
+                    out = []
+                    for key, h in zip(keys, pipe.execute(), strict=True):
+                        if h[0] is None:
+                            continue  # expired between SCAN and HMGET
+                        rec = self._to_record(h)
+                        out.append(BreakerStatus(key[len(prefix) :], rec.state, rec.failures, rec.opened_at))
+                    return out
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("breaker_list", exc)
+            listing = self._local(lambda fb, o: fb.breaker_list())
+            if listing is not _Retry.RETRY:
+                return listing
 
     def breaker_force(self, tool: str, state: BreakerState | str, now: float) -> None:
         rec = force(state, now)
-        if self._available():
-            try:
-                key = self._bkey(tool)
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.hset(key, mapping={"s": rec.state.value, "f": rec.failures, "o": _num(rec.opened_at),
-                                        "p": _num(rec.probe_at)})
-                pipe.pexpire(key, max(self._ttl_ms, 3_600_000))
-                pipe.execute()
+        while True:
+            if self._available():
+                try:
+                    key = self._bkey(tool)
+                    pipe = self._redis.pipeline(transaction=True)
+                    pipe.hset(
+                        key,
+                        mapping={
+                            "s": rec.state.value,
+                            "f": rec.failures,
+                            "o": _num(rec.opened_at),
+                            "p": _num(rec.probe_at),
+                        },
+                    )
+                    pipe.pexpire(key, max(self._ttl_ms, 3_600_000))
+                    pipe.execute()
+                    return
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("breaker_force", exc)
+
+            def local(fb: MemoryStore, o: _Outage) -> None:
+                o.tools.add(tool)
+                fb.breaker_force(tool, state, now)
+
+            if self._local(local) is not _Retry.RETRY:
                 return
-            except (redis.RedisError, OSError) as exc:
-                self._fail("breaker_force", exc)
-        self._note(lambda o: o.tools.add(tool))
-        self._fallback.breaker_force(tool, state, now)
 
     # -- per-task state ------------------------------------------------------------------
 
     def budget_take(self, task_id: str, limit: int) -> bool:
-        if self._available():
-            try:
-                return bool(self._budget(keys=[self._tkey(task_id, "budget")], args=[limit, self._ttl_ms]))
-            except (redis.RedisError, OSError) as exc:
-                self._fail("budget_take", exc)
-        taken = self._fallback.budget_take(task_id, limit)
-        if taken:
-            self._note(lambda o: o.budget_taken.__setitem__(task_id, o.budget_taken.get(task_id, 0) + 1))
-        return taken
+        while True:
+            if self._available():
+                try:
+                    return bool(self._budget(keys=[self._tkey(task_id, "budget")], args=[limit, self._ttl_ms]))
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("budget_take", exc)
+
+            def local(fb: MemoryStore, o: _Outage) -> bool:
+                taken = fb.budget_take(task_id, limit)
+                if taken:
+                    o.budget_taken[task_id] = o.budget_taken.get(task_id, 0) + 1
+                return taken
+
+            result = self._local(local)
+            if result is not _Retry.RETRY:
+                return result
 
     def budget_used(self, task_id: str) -> int:
-        if self._available():
-            try:
-                return int(self._redis.get(self._tkey(task_id, "budget")) or 0)
-            except (redis.RedisError, OSError) as exc:
-                self._fail("budget_used", exc)
-        return self._fallback.budget_used(task_id)
+        while True:
+            if self._available():
+                try:
+                    return int(self._redis.get(self._tkey(task_id, "budget")) or 0)
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("budget_used", exc)
+            used = self._local(lambda fb, o: fb.budget_used(task_id))
+            if used is not _Retry.RETRY:
+                return used
 
     def known_bad_get(self, task_id: str, key: str) -> str | None:
-        if self._available():
-            try:
-                value = self._redis.hget(self._tkey(task_id, "bad"), key)
-                return None if value is None else str(value)
-            except (redis.RedisError, OSError) as exc:
-                self._fail("known_bad_get", exc)
-        return self._fallback.known_bad_get(task_id, key)
+        while True:
+            if self._available():
+                try:
+                    value = self._redis.hget(self._tkey(task_id, "bad"), key)
+                    return None if value is None else str(value)
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("known_bad_get", exc)
+            found = self._local(lambda fb, o: fb.known_bad_get(task_id, key))
+            if found is not _Retry.RETRY:
+                return found
 
     def known_bad_put(self, task_id: str, key: str, info_json: str) -> None:
-        if self._available():
-            try:
-                hkey = self._tkey(task_id, "bad")
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.hset(hkey, key, info_json)
-                pipe.pexpire(hkey, self._ttl_ms)
-                pipe.execute()
+        while True:
+            if self._available():
+                try:
+                    hkey = self._tkey(task_id, "bad")
+                    pipe = self._redis.pipeline(transaction=True)
+                    pipe.hset(hkey, key, info_json)
+                    pipe.pexpire(hkey, self._ttl_ms)
+                    pipe.execute()
+                    return
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("known_bad_put", exc)
+
+            def local(fb: MemoryStore, o: _Outage) -> None:
+                o.known_bad.setdefault(task_id, {})[key] = info_json
+                fb.known_bad_put(task_id, key, info_json)
+
+            if self._local(local) is not _Retry.RETRY:
                 return
-            except (redis.RedisError, OSError) as exc:
-                self._fail("known_bad_put", exc)
-        self._note(lambda o: o.known_bad.setdefault(task_id, {}).__setitem__(key, info_json))
-        self._fallback.known_bad_put(task_id, key, info_json)
 
     def known_bad_count(self, task_id: str) -> int:
-        if self._available():
-            try:
-                return int(self._redis.hlen(self._tkey(task_id, "bad")))
-            except (redis.RedisError, OSError) as exc:
-                self._fail("known_bad_count", exc)
-        return self._fallback.known_bad_count(task_id)
+        while True:
+            if self._available():
+                try:
+                    return int(self._redis.hlen(self._tkey(task_id, "bad")))
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("known_bad_count", exc)
+            count = self._local(lambda fb, o: fb.known_bad_count(task_id))
+            if count is not _Retry.RETRY:
+                return count
 
     def signature_hit(self, task_id: str, signature: str) -> int:
-        if self._available():
-            try:
-                hkey = self._tkey(task_id, "sig")
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.hincrby(hkey, signature, 1)
-                pipe.pexpire(hkey, self._ttl_ms)
-                return int(pipe.execute()[0])
-            except (redis.RedisError, OSError) as exc:
-                self._fail("signature_hit", exc)
+        while True:
+            if self._available():
+                try:
+                    hkey = self._tkey(task_id, "sig")
+                    pipe = self._redis.pipeline(transaction=True)
+                    pipe.hincrby(hkey, signature, 1)
+                    pipe.pexpire(hkey, self._ttl_ms)
+                    return int(pipe.execute()[0])
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("signature_hit", exc)
 
-        def note(o: _Outage) -> None:
-            counts = o.signatures.setdefault(task_id, {})
-            counts[signature] = counts.get(signature, 0) + 1
+            def local(fb: MemoryStore, o: _Outage) -> int:
+                counts = o.signatures.setdefault(task_id, {})
+                counts[signature] = counts.get(signature, 0) + 1
+                return fb.signature_hit(task_id, signature)
 
-        self._note(note)
-        return self._fallback.signature_hit(task_id, signature)
+            result = self._local(local)
+            if result is not _Retry.RETRY:
+                return result
 
     def end_task(self, task_id: str) -> None:
-        if self._available():
-            try:
-                self._redis.delete(*(self._tkey(task_id, k) for k in ("budget", "bad", "sig")))
+        while True:
+            if self._available():
+                try:
+                    self._redis.delete(*(self._tkey(task_id, k) for k in ("budget", "bad", "sig")))
+                    return
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("end_task", exc)
+
+            def local(fb: MemoryStore, o: _Outage) -> None:
+                o.ended.add(task_id)
+                o.budget_taken.pop(task_id, None)
+                o.known_bad.pop(task_id, None)
+                o.signatures.pop(task_id, None)
+                fb.end_task(task_id)
+
+            if self._local(local) is not _Retry.RETRY:
                 return
-            except (redis.RedisError, OSError) as exc:
-                self._fail("end_task", exc)
-
-        def note(o: _Outage) -> None:
-            o.ended.add(task_id)
-            o.budget_taken.pop(task_id, None)
-            o.known_bad.pop(task_id, None)
-            o.signatures.pop(task_id, None)
-
-        self._note(note)
-        self._fallback.end_task(task_id)
 
     # -- rate limits (per tool, fleet-wide) ----------------------------------------------
 
@@ -680,14 +813,22 @@ class RedisStore:
         """
         if rate_per_s <= 0 or burst < 1:
             raise ValueError("rate_per_s must be > 0 and burst >= 1")
-        if self._available():
-            args: list[str | int] = [_num(rate_per_s), _num(burst), _num(now), self._bucket_ttl_ms(rate_per_s, burst)]
-            try:
-                reply = self._rate(keys=[self._rkey(tool)], args=args)
-                return float(reply)
-            except (redis.RedisError, OSError) as exc:
-                self._fail("rate_acquire", exc)
-        return self._fallback.rate_acquire(tool, rate_per_s, burst, now)
+        while True:
+            if self._available():
+                args: list[str | int] = [
+                    _num(rate_per_s),
+                    _num(burst),
+                    _num(now),
+                    self._bucket_ttl_ms(rate_per_s, burst),
+                ]
+                try:
+                    reply = self._rate(keys=[self._rkey(tool)], args=args)
+                    return float(reply)
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("rate_acquire", exc)
+            wait = self._local(lambda fb, o: fb.rate_acquire(tool, rate_per_s, burst, now))
+            if wait is not _Retry.RETRY:
+                return wait
 
     def admit_rate(
         self, tool: str, clock: Clock, policy: BreakerPolicy, rate_per_s: float, burst: float
@@ -701,26 +842,39 @@ class RedisStore:
         if rate_per_s <= 0 or burst < 1:
             raise ValueError("rate_per_s must be > 0 and burst >= 1")
         now = clock()
-        if self._available():
-            args: list[str | int] = [_num(now), _num(policy.cooldown_s), self._breaker_ttl_ms(policy),
-                                     _num(rate_per_s), _num(burst), self._bucket_ttl_ms(rate_per_s, burst)]
-            try:
-                reply = self._admit_rate(keys=[self._bkey(tool), self._rkey(tool)], args=args)
-                if reply[0] == "wait":
-                    return ADMIT, None, float(reply[1])
-                adm, transition = self._admission(reply)
+        while True:
+            if self._available():
+                args: list[str | int] = [
+                    _num(now),
+                    _num(policy.cooldown_s),
+                    self._breaker_ttl_ms(policy),
+                    _num(rate_per_s),
+                    _num(burst),
+                    self._bucket_ttl_ms(rate_per_s, burst),
+                ]
+                try:
+                    reply = self._admit_rate(keys=[self._bkey(tool), self._rkey(tool)], args=args)
+                    if reply[0] == "wait":
+                        return ADMIT, None, float(reply[1])
+                    adm, transition = self._admission(reply)
+                    return adm, transition, 0.0
+                except (redis.RedisError, OSError) as exc:
+                    self._fail("admit_rate", exc)
+
+            def local(fb: MemoryStore, o: _Outage) -> tuple[Admission, Transition | None, float]:
+                o.tools.add(tool)
+                # Local fallback, not one atomic step: peek at the breaker so a refused call
+                # doesn't spend a token.
+                if fb.breaker_get(tool).state is BreakerState.CLOSED:
+                    wait = fb.rate_acquire(tool, rate_per_s, burst, now)
+                    if wait > 0:
+                        return ADMIT, None, wait
+                adm, transition = fb.breaker_admit(tool, lambda: now, policy)
                 return adm, transition, 0.0
-            except (redis.RedisError, OSError) as exc:
-                self._fail("admit_rate", exc)
-        self._note(lambda o: o.tools.add(tool))
-        # Local fallback, not one atomic step: peek at the breaker so a refused call
-        # doesn't spend a token.
-        if self._fallback.breaker_get(tool).state is BreakerState.CLOSED:
-            wait = self._fallback.rate_acquire(tool, rate_per_s, burst, now)
-            if wait > 0:
-                return ADMIT, None, wait
-        adm, transition = self._fallback.breaker_admit(tool, lambda: now, policy)
-        return adm, transition, 0.0
+
+            result = self._local(local)
+            if result is not _Retry.RETRY:
+                return result
 
     def close(self) -> None:
         try:

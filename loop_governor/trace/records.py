@@ -15,11 +15,12 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from loop_governor.redaction import redact
+from loop_governor.redaction import is_secret_key, mask_secret, redact
 
-# Fields whose values are closed vocabularies written by the governor or the adapters
-# (event names, states, enum values): they cannot carry a secret, and skipping them keeps
-# the per-record redaction cost down (redaction is ~11 regex passes per string).
+# Top-level record fields whose values are closed vocabularies written by the governor or
+# the adapters (event names, states, enum values): they cannot carry a secret, and skipping
+# them keeps the per-record redaction cost down (redaction is ~11 regex passes per string).
+# Only at the top level: the same names inside tool arguments or messages are user data.
 _SAFE_KEYS = frozenset(
     {
         "event",
@@ -70,7 +71,11 @@ class Redactor:
         return out
 
     def record(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        """A redacted copy of a flat event record (the hot case: mostly scalars)."""
+        """A redacted copy of a flat event record (the hot case: mostly scalars).
+
+        ``_SAFE_KEYS`` are trusted only here, as top-level fields the governor writes; the
+        same names inside a nested value (tool arguments, messages) are redacted.
+        """
         out: dict[str, Any] = {}
         for key, value in record.items():
             if value is None or key in _SAFE_KEYS or type(value) in _SCALARS:
@@ -80,8 +85,11 @@ class Redactor:
         return out
 
     def value(self, value: Any, key: str | None = None) -> Any:
+        """A redacted copy of ``value``; ``key`` is the dict key it sits under, if any."""
+        if key is not None and is_secret_key(key):
+            return self._masked(value)
         if isinstance(value, str):
-            return value if key in _SAFE_KEYS else self.text(value)
+            return self.text(value)
         if value is None or isinstance(value, (bool, int, float)):
             return value
         if isinstance(value, Mapping):
@@ -89,6 +97,16 @@ class Redactor:
         if isinstance(value, (list, tuple)):
             return [self.value(v) for v in value]
         return self.text(str(value))
+
+    def _masked(self, value: Any) -> Any:
+        """A value under a secret-named key (``{"password": ...}``): every string masked whole."""
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        if isinstance(value, Mapping):
+            return {str(k): self._masked(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._masked(v) for v in value]
+        return mask_secret(value if isinstance(value, str) else str(value))  # text, masked whole
 
 
 class MessageHasher:

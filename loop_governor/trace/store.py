@@ -15,6 +15,7 @@ and re-opening an existing trace continues it.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +50,8 @@ class JsonlWriter:
         if self.snapshot_path.exists():
             # Continuing a trace: keep the store content-addressed across sessions.
             self._stored.update(h for h, _ in _read_snapshots(self.snapshot_path))
-        self._snapshots = open(self.snapshot_path, "a", encoding="utf-8")  # kept open: appended to per record
-        self._trace = open(self.path, "a", encoding="utf-8")  # kept open: appended to per record
+        self._snapshots = _open_for_append(self.snapshot_path)  # kept open: appended to per record
+        self._trace = _open_for_append(self.path)  # kept open: appended to per record
         if self._trace.tell() == 0:
             header = {
                 "event": "trace_header",
@@ -94,6 +95,27 @@ class JsonlWriter:
             self._trace = self._snapshots = None
 
 
+def _open_for_append(path: Path) -> IO[str]:
+    """Open ``path`` to append lines, first ending a last line a killed writer cut short.
+
+    Appending straight after a partial line would glue the next record onto it, and the
+    reader would skip both (for the snapshot store: a message whose hash the writer
+    believes stored, so every prompt using it could never be rebuilt).
+    """
+    fh = open(path, "a", encoding="utf-8")
+    try:
+        if fh.tell() > 0:
+            with open(path, "rb") as raw:
+                raw.seek(-1, os.SEEK_END)
+                cut = raw.read(1) != b"\n"
+            if cut:
+                fh.write("\n")
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
 def _read_lines(path: Path) -> Iterator[tuple[int, Any]]:
     """Yield ``(line_no, value)``; a line that is not JSON yields ``(line_no, None)``.
 
@@ -113,7 +135,7 @@ def _read_lines(path: Path) -> Iterator[tuple[int, Any]]:
 
 def _read_snapshots(path: Path) -> Iterator[tuple[str, Any]]:
     for _, value in _read_lines(path):
-        if isinstance(value, dict) and isinstance(value.get("hash"), str):
+        if isinstance(value, dict) and isinstance(value.get("hash"), str) and "message" in value:
             yield value["hash"], value.get("message")
 
 

@@ -95,3 +95,38 @@ def test_store_url_from_the_environment_and_sqlite(tmp_path: Path) -> None:
 def test_bad_store_url_is_a_usage_error() -> None:
     result = runner.invoke(app, ["checkpoints", "ls", "--store", "ftp://nowhere"])
     assert result.exit_code == 2
+
+
+def test_ls_shows_a_corrupt_long_id_checkpoint(store_url: str, tmp_path: Path) -> None:
+    # Regression: a torn checkpoint whose file name is hashed (long task id) was missing.
+    store = FileCheckpointStore(tmp_path / "ck")
+    long_id = "Customer-Onboarding-Run-" + "X" * 70
+    store.save(TaskCheckpoint(task_id=long_id))
+    path = store.path_for(long_id)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] + b"}")
+    result = runner.invoke(app, ["checkpoints", "ls", "--store", store_url], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert "3 checkpoint(s)" in result.output and "1 corrupt" in result.output
+    assert "CORRUPT" in result.output
+    stem = path.name[: -len(".ckpt.json")]
+    show = runner.invoke(app, ["checkpoints", "show", stem, "--store", store_url], env={"COLUMNS": "400"})
+    assert show.exit_code == 2 and "corrupted" in show.output
+    rm = runner.invoke(app, ["checkpoints", "rm", stem, "--yes", "--store", store_url])
+    assert rm.exit_code == 0, rm.output
+    assert not path.exists()
+
+
+def test_ls_never_prints_the_store_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: the table title showed the raw --store URL, password included.
+    from loop_governor.checkpoint import MemoryCheckpointStore
+    from loop_governor.checkpoint import cli as checkpoint_cli
+
+    backend = MemoryCheckpointStore()
+    backend.save(TaskCheckpoint(task_id="t"))
+    monkeypatch.setattr(checkpoint_cli, "checkpoint_store_from_url", lambda url: backend)
+    url = "redis://:SuperSecretPw123@127.0.0.1:6379/0"
+    result = runner.invoke(app, ["checkpoints", "ls", "--store", url], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "SuperSecretPw123" not in result.output
+    assert "redis://:[REDACTED]@127.0.0.1:6379/0" in result.output

@@ -172,3 +172,27 @@ def test_long_ids_are_listed_from_the_file_contents(tmp_path: Path) -> None:
     assert "~" in store.path_for(long_id).name
     assert store.list() == [long_id]
     assert FileCheckpointStore(tmp_path).load(long_id) is not None
+
+
+def test_a_corrupt_checkpoint_of_a_long_id_is_listed_by_its_file_stem(tmp_path: Path) -> None:
+    # Regression: a hashed file name does not spell its task id, and the id was read from
+    # the file; a file too damaged to name it was silently left out of list().
+    store = FileCheckpointStore(tmp_path)
+    long_id = "Customer-Onboarding-Run-" + "X" * 70
+    store.save(TaskCheckpoint(task_id=long_id))
+    store.save(TaskCheckpoint(task_id="short"))
+    path = store.path_for(long_id)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] + b"}")
+    stem = path.name[: -len(".ckpt.json")]
+    assert "~" in stem
+    assert store.list() == sorted([stem, "short"])
+    with pytest.raises(CheckpointCorruptedError) as info:
+        store.load(stem)
+    assert str(path) in str(info.value)
+    with pytest.raises(CheckpointCorruptedError):
+        store.load(long_id)
+    assert store.delete(stem)
+    assert not path.exists()
+    assert store.list() == ["short"]
+    assert store.load(stem) is None

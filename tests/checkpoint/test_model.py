@@ -208,3 +208,42 @@ def test_any_json_result_comes_back_equal_after_a_store_round_trip(value: object
     store.save(cp)
     loaded = store.load("t")
     assert loaded is not None and loaded.get_result(key) == (True, value)
+
+
+def test_a_secret_named_field_is_masked_whole_whatever_its_characters(tmp_path: object) -> None:
+    # Regression: only the first run of a value (up to a space, comma or ;) was masked, so
+    # "[REDACTED] horse battery staple" and "ab,cdef0123456789" reached the disk.
+    from pathlib import Path
+
+    store = FileCheckpointStore(Path(str(tmp_path)))
+    cp = TaskCheckpoint(task_id="t")
+    fields = {
+        "password": "correct horse battery staple",
+        "api_key": "ab,cdef0123456789",
+        "OPENAI_API_KEY": "k9;f8d7s6a5",
+        "userPassword": "two words",
+        "session_token": "tok_live_0123456789abcdef",
+        "credentials": {"password": ["p;ssw0rd-long-secret"]},
+        "q": "kept as is",
+    }
+    cp.record_success("login\x00{}", fields)
+    cp.metadata["auth"] = {"client_secret": "a b c d"}
+    store.save(cp)
+    data = store.path_for("t").read_bytes()
+    for leaked in ("horse", "battery", "cdef0123456789", "f8d7s6a5", "words", "tok_live", "ssw0rd", "b c d"):
+        assert leaked.encode() not in data, leaked
+    loaded = store.load("t")
+    assert loaded is not None
+    assert loaded.get_result("login\x00{}") == (
+        True,
+        {
+            "password": "[REDACTED]",
+            "api_key": "[REDACTED]",
+            "OPENAI_API_KEY": "[REDACTED]",
+            "userPassword": "[REDACTED]",
+            "session_token": "[REDACTED]",
+            "credentials": {"password": ["[REDACTED]"]},
+            "q": "kept as is",
+        },
+    )
+    assert loaded.metadata["auth"] == {"client_secret": "[REDACTED]"}

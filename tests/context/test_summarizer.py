@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from loop_governor.context import IncrementalSummarizer
 
 
@@ -115,3 +117,50 @@ def test_under_trigger_returns_messages_unchanged(kind: Any) -> None:
     msgs = [kind.system("s"), kind.user("hi"), *_turn(kind, "t1", None, size=10)]
     out = IncrementalSummarizer(model, trigger_tokens=10_000, keep_tokens=1000).summarize(msgs)
     assert out == msgs and all(a is b for a, b in zip(out, msgs, strict=True)) and not model.prompts
+
+
+def test_request_with_any_line_separator_survives_a_restart(kind: Any) -> None:
+    # CRLF-pasted text, a lone CR, U+2028 and friends: str.splitlines() splits on all of
+    # them, so the ledger line must hold none or the reloaded request loses its tail.
+    request = "deploy to staging\r\nthen run the migration\rand\u2028notify\x1cops\u2029now"
+    first = "main task\rsecond line of the first message"
+
+    def model(prompt: str) -> str:
+        return "Narrative.\nDONE: none"
+
+    summ = IncrementalSummarizer(model, trigger_tokens=1000, keep_tokens=600)
+    msgs = [kind.system("s"), kind.user(first)]
+    msgs += _turn(kind, "t1", request) + _turn(kind, "t2", None)
+    msgs = summ.summarize(msgs)
+    before = [r.text for r in summ.requests]
+    assert all(len(t.splitlines()) == 1 for t in before)
+    assert "deploy to staging then run the migration and notify ops now" in before
+
+    fresh = IncrementalSummarizer(model, trigger_tokens=1000, keep_tokens=600)
+    msgs += _turn(kind, "t3", None) + _turn(kind, "t4", None)
+    msgs = fresh.summarize(msgs)
+    assert fresh.rounds == 1
+    assert [r.text for r in fresh.requests] == before
+    assert "then run the migration" not in fresh.summary
+
+
+def test_failed_model_call_then_retry_adds_each_request_once(kind: Any) -> None:
+    calls: list[str] = []
+
+    def flaky(prompt: str) -> str:
+        calls.append(prompt)
+        if len(calls) == 1:
+            raise TimeoutError("model timed out")
+        return "Summary.\nDONE: R2"
+
+    summ = IncrementalSummarizer(flaky, trigger_tokens=1000, keep_tokens=600)
+    msgs = [kind.system("s"), kind.user("main task")]
+    msgs += _turn(kind, "t1", "please also email Bob") + _turn(kind, "t2", None)
+    with pytest.raises(TimeoutError):
+        summ.summarize(msgs)
+    assert summ.requests == [] and summ.rounds == 0
+    out = summ.summarize(msgs)
+    assert [(r.id, r.done) for r in summ.requests] == [(1, False), (2, True)]
+    assert summ.requests[1].text == "please also email Bob"
+    assert calls[0] == calls[1]  # the retry sends the very same prompt
+    assert _all_text(kind, out).count("please also email Bob") == 1

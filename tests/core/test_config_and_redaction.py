@@ -140,3 +140,59 @@ def test_authorization_header_is_masked_whatever_the_scheme() -> None:
 def test_env_tool_policies_survive_lower_casing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOOP_GOVERNOR_TOOLS__sendEmail__RETRY", "false")  # arrives as "sendemail"
     assert lg.GovernorConfig().policy_for("sendEmail").max_attempts == 1
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "password",
+        "api_key",
+        "OPENAI_API_KEY",
+        "db_password",
+        "userPassword",
+        "apiKey",
+        "x-api-key",
+        "github_access_token",
+        "ssh_private_key",
+        "Authorization",
+        "client_secret",
+        "access_token",
+    ],
+)
+def test_secret_named_keys(name: str) -> None:
+    from loop_governor.redaction import is_secret_key
+
+    assert is_secret_key(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["tool", "status", "key", "max_tokens", "token_count", "cwd", "role", "kind", "next_token", "pwd"]
+)
+def test_ordinary_keys_are_not_secret(name: str) -> None:
+    from loop_governor.redaction import is_secret_key
+
+    assert not is_secret_key(name)
+
+
+def test_redact_obj_masks_whole_values_under_secret_keys_at_any_depth() -> None:
+    # Regression: each string was redacted alone, so {"password": "hunter2-correct"} survived.
+    from loop_governor.redaction import redact_obj
+
+    value = {
+        "args": [{"password": "hunter2 correct", "api_key": "ab,cdef0123456789", "n": 3}],
+        "auth": {"auth_token": ["t1-value", "t2-value"]},
+        "note": "plain text",
+    }
+    assert redact_obj(value) == {
+        "args": [{"password": "[REDACTED]", "api_key": "[REDACTED]", "n": 3}],
+        "auth": {"auth_token": ["[REDACTED]", "[REDACTED]"]},
+        "note": "plain text",
+    }
+
+
+def test_mask_url_drops_the_password_with_or_without_a_user() -> None:
+    from loop_governor.redaction import mask_url
+
+    assert mask_url("redis://:SuperSecretPw123@127.0.0.1:6379/0") == "redis://:[REDACTED]@127.0.0.1:6379/0"
+    assert mask_url("redis://bob:SuperSecretPw123@h/0") == "redis://bob:[REDACTED]@h/0"
+    assert mask_url("file:///var/ck") == "file:///var/ck"

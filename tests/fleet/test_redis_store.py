@@ -3,6 +3,7 @@ plus what only a shared store has (atomic Lua transitions, TTLs, namespaces, fal
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -391,3 +392,124 @@ def test_outage_merge_keeps_live_task_state(own_redis_server: Any, namespace: st
     assert store.budget_used("live") == 1  # the reconnect merged the outage's deltas first
     assert peer.known_bad_get("live", "k") == '{"x":1}'
     assert peer.signature_hit("live", "sig") == 3
+
+
+class _MergeHookStore(RedisStore):
+    """A RedisStore whose outage merge runs scripted steps: ``hooks[i]`` runs right after
+    the i-th merge pipeline was sent (``"fail"``: that round then fails like a dropped
+    connection). Steps run on another thread and are joined: deterministic, no sleeps."""
+
+    def __init__(self, *args: Any, hooks: list[Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hooks = hooks
+        self.merges = 0
+
+    def _merge(self, outage: Any) -> dict[str, int]:
+        self.merges += 1
+        step = self.hooks.pop(0) if self.hooks else None
+        fail = step == "fail"
+        if fail:
+            step = self.hooks.pop(0) if self.hooks else None
+        else:
+            result = super()._merge(outage)
+        if step is not None:
+            errors: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    step()
+                except BaseException as exc:  # pragma: no cover - reported below
+                    errors.append(exc)
+
+            worker = threading.Thread(target=run)
+            worker.start()
+            worker.join(30)
+            assert not worker.is_alive() and not errors, errors
+        if fail:
+            import redis
+
+            raise redis.ConnectionError("connection dropped during the merge")
+        return result
+
+
+def _outage_store(server: Any, namespace: str, mono: FakeClock, hooks: list[Any]) -> _MergeHookStore:
+    hooked = _MergeHookStore(server.url, namespace=namespace, monotonic=mono, reconnect_base_s=1.0, hooks=hooks)
+    server.kill()
+    assert hooked.budget_take("t", 100)  # local: the outage starts
+    hooked.known_bad_put("t", "call-A", '{"a":1}')
+    assert hooked.degraded
+    server.start()
+    mono.now = 5.0  # the reconnect is due
+    return hooked
+
+
+def test_writes_made_while_the_outage_is_being_merged_reach_redis(own_redis_server: Any, namespace: str) -> None:
+    mono = FakeClock(0.0)
+    peer = RedisStore(own_redis_server.url, namespace=namespace)
+
+    def meanwhile() -> None:  # another agent thread, while the merge is in flight
+        hooked.known_bad_put("t", "call-B", '{"b":1}')
+        assert hooked.budget_take("t", 100)
+        assert hooked.signature_hit("t", "sig") == 1
+        for i in range(POLICY.failure_threshold):
+            hooked.breaker_record("api", False, False, 100.0 + i, POLICY)
+
+    events: list[dict[str, Any]] = []
+    hooked = _outage_store(own_redis_server, namespace, mono, [meanwhile])
+    hooked.on_event = events.append
+    assert hooked.known_bad_get("t", "call-A") == '{"a":1}'  # this call reconnects and merges
+    assert not hooked.degraded
+
+    assert peer.known_bad_get("t", "call-A") == '{"a":1}'
+    assert peer.known_bad_get("t", "call-B") == '{"b":1}'
+    assert peer.budget_used("t") == 2
+    assert peer.signature_hit("t", "sig") == 2
+    assert peer.breaker_get("api").state is BreakerState.OPEN
+    assert hooked.merges == 2  # the writes made meanwhile were merged in a second round
+    recovered = [e for e in events if e["event"] == "store_recovered"]
+    assert len(recovered) == 1
+    assert recovered[0]["merged"] == {"breakers": 1, "budgets": 2, "known_bad": 2, "signatures": 1}
+
+
+def test_a_failed_merge_round_keeps_its_deltas_and_later_ones(own_redis_server: Any, namespace: str) -> None:
+    mono = FakeClock(0.0)
+    peer = RedisStore(own_redis_server.url, namespace=namespace)
+
+    def round1() -> None:
+        assert hooked.budget_take("t", 100)
+        hooked.known_bad_put("t", "call-B", '{"b":1}')
+
+    def round2() -> None:  # written while round 2 is in flight, and round 2 fails
+        assert hooked.budget_take("t", 100)
+        hooked.known_bad_put("t", "call-C", '{"c":1}')
+
+    hooked = _outage_store(own_redis_server, namespace, mono, [round1, "fail", round2])
+    assert hooked.budget_used("t") == 3  # reconnect: round 1 merged, round 2 failed -> local
+    assert hooked.degraded and hooked.merges == 2
+    assert peer.budget_used("t") == 1 and peer.known_bad_get("t", "call-B") is None
+
+    mono.now = 100.0  # next reconnect: what round 2 held, and what came meanwhile, once each
+    assert hooked.budget_used("t") == 3
+    assert not hooked.degraded
+    assert peer.budget_used("t") == 3
+    assert [peer.known_bad_get("t", c) for c in ("call-A", "call-B", "call-C")] == ['{"a":1}', '{"b":1}', '{"c":1}']
+
+
+def test_recovery_completes_while_other_threads_keep_writing(own_redis_server: Any, namespace: str) -> None:
+    import loop_governor.stores.redis as redis_store
+
+    rounds = getattr(redis_store, "_MERGE_ROUNDS", 8)
+    mono = FakeClock(0.0)
+    peer = RedisStore(own_redis_server.url, namespace=namespace)
+    writes = [0]
+
+    def meanwhile() -> None:  # new deltas during every round the lock is not held
+        writes[0] += 1
+        assert hooked.budget_take("t", 100)
+        hooked.known_bad_put("t", f"call-{writes[0]}", "{}")
+
+    hooked = _outage_store(own_redis_server, namespace, mono, [meanwhile] * (rounds - 1))
+    assert hooked.budget_used("t") == 1 + writes[0]  # one reconnect attempt, and it completes
+    assert not hooked.degraded and hooked.merges == rounds and writes[0] == rounds - 1
+    assert peer.budget_used("t") == 1 + writes[0]
+    assert peer.known_bad_count("t") == 1 + writes[0]

@@ -207,3 +207,91 @@ def test_a_writer_that_falls_behind_drops_events_instead_of_blocking(governor: l
     lens.close()
     assert lens.failures["dropped"] == 42  # task_start + 9 calls fit in the 10 slots
     assert len(load_trace(trace_path).events) == 10
+
+
+def test_values_under_secret_named_keys_never_reach_the_trace_snapshots_or_spans(trace_path: Path) -> None:
+    # Regression: each string was redacted on its own, so {"password": "hunter2-correct"} in
+    # custom event fields or dict tool-call arguments was written as is; and names such as
+    # "status" or "kind" were trusted at any depth, not only as the governor's own fields.
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    lens = Lens(trace_path, tracer_provider=provider)
+    lens({"event": "task_start", "task_id": "t"})
+    lens(
+        {
+            "event": "tool_start",
+            "task_id": "t",
+            "tool": "login",
+            "args": {"password": "hunter2 correct", "api_key": "k9f8d7s6a5"},
+        }
+    )
+    lens(
+        {
+            "event": "model_call",
+            "task_id": "t",
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "login", "arguments": {"password": "pw-2"}},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "status": "sk-proj-abcdefghijklmnop1234", "content": "ok"},
+            ],
+        }
+    )
+    lens({"event": "tool_call", "task_id": "t", "tool": "x", "status": "ok", "extra": {"kind": "Bearer abc123456789"}})
+    lens({"event": "task_end", "task_id": "t", "status": "ok"})
+    lens.close()
+    provider.shutdown()
+
+    text = trace_path.read_text(encoding="utf-8") + snapshot_path_for(trace_path).read_text(encoding="utf-8")
+    spans = json.dumps([dict(s.attributes or {}) for s in exporter.get_finished_spans()], default=str)
+    for secret in ("hunter2", "k9f8d7s6a5", "pw-2", "sk-proj-abcdefghijklmnop1234", "abc123456789"):
+        assert secret not in text, secret
+        assert secret not in spans, secret
+    trace = load_trace(trace_path)
+    (start,) = trace.of("tool_start")
+    assert start["args"] == {"password": "[REDACTED]", "api_key": "[REDACTED]"}
+    assert start["tool"] == "login"  # the governor's own top-level fields are kept as is
+    rebuilt = rebuild_prompt(trace, trace.model_calls[0])
+    assert rebuilt[0]["tool_calls"][0]["function"]["arguments"] == {"password": "[REDACTED]"}
+
+
+@pytest.mark.parametrize("cut", ["trace", "snapshots", "both"])
+def test_reopening_after_a_cut_short_line_loses_nothing_new(trace_path: Path, cut: str) -> None:
+    # Regression: the next session appended straight after the partial last line, so its
+    # first record was glued to it and lost; a glued snapshot's hash was still marked stored,
+    # so the prompts using that message could never be rebuilt.
+    first = Lens(trace_path, spans=False)
+    first({"event": "model_call", "task_id": "t1", "messages": [{"role": "user", "content": "hello"}]})
+    first.close()
+    if cut in ("trace", "both"):
+        with open(trace_path, "a", encoding="utf-8") as fh:
+            fh.write('{"event":"tool_call","tool":"x"')
+    if cut in ("snapshots", "both"):
+        with open(snapshot_path_for(trace_path), "a", encoding="utf-8") as fh:
+            fh.write('{"hash":"abc","mess')
+    second_prompt = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "new msg"}]
+    second = Lens(trace_path, spans=False)
+    second({"event": "model_call", "task_id": "t2", "messages": second_prompt})
+    second({"event": "tool_call", "task_id": "t2", "tool": "after", "status": "ok"})
+    second.close()
+
+    trace = load_trace(trace_path)
+    assert trace.skipped_lines == (1 if cut in ("trace", "both") else 0)
+    assert [(e["event"], e["task_id"]) for e in trace.events] == [
+        ("model_call", "t1"),
+        ("model_call", "t2"),
+        ("tool_call", "t2"),
+    ]
+    assert rebuild_prompt(trace, trace.model_calls[1]) == second_prompt
+    assert rebuild_prompt(trace, trace.model_calls[0]) == [{"role": "user", "content": "hello"}]

@@ -14,11 +14,17 @@ What each hook does and why it lives there (crewAI 1.15 semantics, see INTEGRATI
   "Tool execution blocked by hook" text, so the structured error is parked and
 * after_tool_call -- swaps that text for the governor's JSON and records the refusal as
   a crewAI ToolFailure (crewAI records none for a blocked call).
-* execution_start / execution_end -- open a governor task per crew kickoff (unless one is
-  open already), because known-bad calls, the retry budget, the step budget and the
-  repeated-error guard are per governor task; without one every call is its own task
-  and a 404 could be called again and again. crewAI dispatches execution_end on the
+* execution_start / execution_end -- open a governor task per crew or flow kickoff
+  (unless one is open already), because known-bad calls, the retry budget, the step
+  budget and the repeated-error guard are per governor task; without one every call is
+  its own task and a 404 could be called again and again. A standalone
+  ``Agent.kickoff`` runs as a flow (crewAI's ``AgentExecutor``: ``crew=None``,
+  ``flow=<executor>``), so it gets a task too. crewAI dispatches execution_end on the
   failure path too, in the same context as execution_start, so the scope always closes.
+
+Every hook first checks :attr:`GovernorHooks.active`, which :meth:`Installation.uninstall`
+clears: crewAI copies the global LLM hooks into each executor it builds, so an executor
+created while the hooks were installed would keep calling them after ``uninstall()``.
 
 Hooks run on crewAI worker threads (parallel native tool calls use a thread pool), so
 shared state here is behind locks. Exceptions other than ``HookAborted`` raised in a hook
@@ -123,6 +129,9 @@ class GovernorHooks:
         self._pruner_factory = pruner_factory
         self._count_steps = count_steps
         self._block_open_breakers = block_open_breakers
+        # Cleared by Installation.uninstall(); crewAI keeps calling the LLM hooks it copied
+        # into executors built while installed, so each hook checks this first.
+        self.active = True
         self._lock = threading.Lock()
         # one pruner (and one lock, since a pruner is stateful) per executor / conversation
         self._pruners: weakref.WeakKeyDictionary[Any, tuple[MessagePruner, threading.Lock]] = (
@@ -134,13 +143,15 @@ class GovernorHooks:
         # structured errors for calls blocked in before_tool_call, keyed by the identity of
         # the tool_input dict (the same object reaches the after hook on every path)
         self._blocked: dict[int, tuple[dict[str, Any], lg.CircuitOpenError]] = {}
-        # governor task scopes this object opened, per crew kickoff in flight
-        self._crew_scopes: dict[int, tuple[Any, lg.TaskScope]] = {}
+        # governor task scopes this object opened, per crew / flow kickoff in flight
+        self._run_scopes: dict[int, tuple[Any, lg.TaskScope]] = {}
         # cumulative (prompt, completion, cached) tokens last seen per LLM object
         self._usage_seen: dict[int, tuple[int, int, int]] = {}
 
     # -- LLM calls --------------------------------------------------------------------
     def before_llm_call(self, context: Any) -> None:
+        if not self.active:
+            return
         if self._count_steps:
             try:
                 self.governor.count_step("model")
@@ -221,6 +232,8 @@ class GovernorHooks:
             return entry
 
     def after_llm_call(self, context: Any) -> None:
+        if not self.active:
+            return
         self._record_usage(getattr(context, "llm", None))
         response = getattr(context, "response", None)
         if not isinstance(response, str):
@@ -257,7 +270,7 @@ class GovernorHooks:
 
     # -- tool calls -------------------------------------------------------------------
     def before_tool_call(self, context: Any) -> bool | None:
-        if not self._block_open_breakers:
+        if not self.active or not self._block_open_breakers:
             return None
         tool = getattr(context, "tool", None)
         original = getattr(tool, "_original_tool", None)
@@ -286,7 +299,7 @@ class GovernorHooks:
         return None
 
     def after_tool_call(self, context: Any) -> str | None:
-        if not self._blocked:
+        if not self.active or not self._blocked:
             return None
         with self._lock:
             entry = self._blocked.pop(id(context.tool_input), None)
@@ -313,23 +326,43 @@ class GovernorHooks:
             raise HookAborted(str(exc), source="loop_governor") from exc
         return refusal.info.to_model_text()
 
-    # -- crew kickoff boundaries -------------------------------------------------------
-    def execution_start(self, context: Any) -> None:
+    # -- crew / flow kickoff boundaries ---------------------------------------------------
+    @staticmethod
+    def _run_of(context: Any) -> tuple[Any, str] | None:
+        """The crew or flow whose kickoff this is (a standalone ``Agent.kickoff`` is a flow)."""
         crew = getattr(context, "crew", None)
-        if crew is None or self.governor.current_task() is not None:
+        if crew is not None:
+            return crew, "crew"
+        flow = getattr(context, "flow", None)
+        if flow is not None:
+            return flow, "flow"
+        return None
+
+    def execution_start(self, context: Any) -> None:
+        if not self.active:
             return
-        scope = self.governor.task(f"crewai-crew-{getattr(crew, 'id', id(crew))}")
+        run = self._run_of(context)
+        if run is None or self.governor.current_task() is not None:
+            return
+        owner, kind = run
+        scope = self.governor.task(f"crewai-{kind}-{getattr(owner, 'id', None) or id(owner)}")
         scope.__enter__()
         with self._lock:
-            self._crew_scopes[id(crew)] = (crew, scope)
+            self._run_scopes[id(owner)] = (owner, scope)
 
     def execution_end(self, context: Any) -> None:
-        crew = getattr(context, "crew", None)
-        if crew is None:
+        # Not gated on ``active``: a scope this object opened is closed whatever happens.
+        run = self._run_of(context)
+        if run is None:
             return
+        owner = run[0]
         with self._lock:
-            entry = self._crew_scopes.pop(id(crew), None)
-        if entry is not None and entry[0] is crew:
+            entry = self._run_scopes.get(id(owner))
+            if entry is not None and entry[0] is owner:
+                del self._run_scopes[id(owner)]
+            else:
+                entry = None
+        if entry is not None:
             entry[1].__exit__(None, None, None)
 
     def callables(self) -> dict[InterceptionPoint, HookFn]:
@@ -366,6 +399,7 @@ class Installation:
     def __enter__(self) -> Installation:
         stack = contextlib.ExitStack()
         if self.scoped:
+            self.hooks.active = True  # a scoped installation may be entered again
             # Carry over hooks an enclosing scope registered: scoped_hooks() starts empty.
             inherited = {point: get_scoped_hooks(point) for point in InterceptionPoint}
             stack.enter_context(scoped_hooks({p: h for p, h in inherited.items() if h}))
@@ -399,7 +433,13 @@ class Installation:
         self.__exit__(exc_type, exc, tb)
 
     def uninstall(self) -> None:
-        """Remove globally registered hooks (no-op for scoped ones)."""
+        """Remove globally registered hooks and switch the hooks off.
+
+        crewAI copies the global LLM hooks into each executor it builds, so an executor
+        created while installed would keep calling them: the hooks check
+        :attr:`GovernorHooks.active`, cleared here. Scoped hooks vanish with their scope.
+        """
+        self.hooks.active = False
         if self._global:
             for point, fn in self.hooks.callables().items():
                 unregister(point, fn)
@@ -420,9 +460,10 @@ def install(
 
     ``scoped=True`` (default): use as ``with install(g): crew.kickoff()`` (or around
     ``await crew.akickoff()``); the hooks apply to that run only. ``scoped=False``:
-    process-wide until ``.uninstall()``. Each crew kickoff runs in a governor task of its
-    own unless one is open already; ``task_id`` opens ``governor.task(task_id)`` for the
-    ``with`` block instead, so budgets and known-bad calls span several kickoffs.
+    process-wide until ``.uninstall()``. Each crew or flow kickoff (a standalone
+    ``Agent.kickoff`` too) runs in a governor task of its own unless one is open
+    already; ``task_id`` opens ``governor.task(task_id)`` for the ``with`` block
+    instead, so budgets and known-bad calls span several kickoffs.
     """
     ensure_fatal_relay()
     hooks = GovernorHooks(

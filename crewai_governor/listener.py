@@ -30,10 +30,11 @@ from crewai.events.types.tool_usage_events import (
     ToolUsageFinishedEvent,
 )
 from crewai.types.usage_metrics import UsageMetrics
+from crewai.utilities.string_utils import sanitize_tool_name
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
-from crewai_governor.tools import is_governed_name
+from crewai_governor.tools import GovernedStructuredTool, governor_of, is_governed_name
 
 __all__ = ["GovernorEventListener"]
 
@@ -52,8 +53,11 @@ class GovernorEventListener(BaseEventListener):
     * ``model_call`` -- per LLM call: model, latency, input/output tokens, cache read and
       creation tokens, finish reason, the messages sent, crewAI's task id and agent role;
       failed calls carry ``error``.
-    * ``tool_call`` -- for tools *not* wrapped by :func:`crewai_governor.govern_tool`
-      (the governor reports governed calls itself, with attempts and classification).
+    * ``tool_call`` -- for calls this governor did not run itself: tools not wrapped by
+      :func:`crewai_governor.govern_tool` for it (the governor reports its governed calls
+      itself, with attempts and classification). Decided per event, by the tool object
+      the emitting executor holds, not by name: an unwrapped tool that shares a name with
+      a wrapped one elsewhere is still reported.
     * ``tool_failure`` -- every failure crewAI records, governed or not, including its own
       (unknown tool, invalid input, repeated call, usage limit).
 
@@ -150,8 +154,19 @@ class GovernorEventListener(BaseEventListener):
         )
 
     # -- tools ------------------------------------------------------------------------
-    def _on_tool_finished(self, _source: Any, event: ToolUsageFinishedEvent) -> None:
-        if is_governed_name(event.tool_name):
+    def _reported_by_governor(self, source: Any, event: Any) -> bool:
+        """Whether this listener's governor ran (and so already reported) the call."""
+        tool = _event_tool(source, event)
+        if tool is not None:
+            return governor_of(tool) is self.governor
+        if event.tool_class is not None and event.tool_class != GovernedStructuredTool.__name__:
+            return False  # ReAct events name the class of the structured tool that ran
+        # Not traceable to a tool object (e.g. a direct LLM call's plain functions): the
+        # names this governor wraps are the best evidence left.
+        return is_governed_name(event.tool_name, self.governor)
+
+    def _on_tool_finished(self, source: Any, event: ToolUsageFinishedEvent) -> None:
+        if self._reported_by_governor(source, event):
             return
         failed = event.failure is not None
         self.governor.emit(
@@ -167,8 +182,8 @@ class GovernorEventListener(BaseEventListener):
             source="crewai",
         )
 
-    def _on_tool_error(self, _source: Any, event: ToolUsageErrorEvent) -> None:
-        if is_governed_name(event.tool_name):
+    def _on_tool_error(self, source: Any, event: ToolUsageErrorEvent) -> None:
+        if self._reported_by_governor(source, event):
             return
         error = event.error
         info = lg.classify(error, tool=event.tool_name) if isinstance(error, BaseException) else None
@@ -184,8 +199,10 @@ class GovernorEventListener(BaseEventListener):
             source="crewai",
         )
 
-    def _on_tool_failure(self, _source: Any, event: ToolFailureDetectedEvent) -> None:
+    def _on_tool_failure(self, source: Any, event: ToolFailureDetectedEvent) -> None:
         failure = event.failure
+        tool = _event_tool(source, event)
+        governed = is_governed_name(event.tool_name) if tool is None else governor_of(tool) is not None
         self.governor.emit(
             "tool_failure",
             tool=event.tool_name,
@@ -194,10 +211,37 @@ class GovernorEventListener(BaseEventListener):
             code=failure.code,
             retryable=failure.retryable,
             policy=str(event.policy.value),
-            governed=is_governed_name(event.tool_name),
+            governed=governed,
             crewai_task_id=event.task_id,
             agent_role=event.agent_role,
         )
+
+
+_TOOL_LISTS = ("original_tools", "tools")
+
+
+def _event_tool(source: Any, event: Any) -> Any:
+    """The tool object behind a crewAI tool event, or None when it cannot be found.
+
+    crewAI 1.15's tool events carry the tool's name (and, on the ReAct path, its class
+    name) but not the tool: it is looked up by name among the tools of whatever emitted
+    the event -- an agent executor (``original_tools``), a ``ToolUsage`` (``tools``, the
+    structured forms) or an agent (``tools``) -- then of that emitter's agent.
+    """
+    name = sanitize_tool_name(event.tool_name)
+    holders = (source, getattr(source, "agent", None), getattr(event, "agent", None))
+    for holder in holders:
+        if holder is None:
+            continue
+        for attr in _TOOL_LISTS:
+            tools = getattr(holder, attr, None)
+            if not isinstance(tools, list | tuple):
+                continue
+            for tool in list(tools):
+                tool_name = getattr(tool, "name", None)
+                if isinstance(tool_name, str) and sanitize_tool_name(tool_name) == name:
+                    return tool
+    return None
 
 
 def _args_dict(args: Any) -> dict[str, Any]:

@@ -8,15 +8,18 @@ failure comes back as a :class:`~crewai_governor.failures.GovernedToolFailure` i
 an exception -- see :mod:`crewai_governor.failures` for why.
 
 Per-task governance (known-bad calls, budgets, the repeated-error guard) needs a governor
-task scope: ``with install(g):`` opens one per crew kickoff, or open ``g.task(...)``
-yourself around ``kickoff``. Without one, every call is a task of its own.
+task scope: ``with install(g):`` opens one per crew or flow kickoff (a standalone
+``Agent.kickoff`` included), or open ``g.task(...)`` yourself around ``kickoff``.
+Without one, every call is a task of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,16 +33,42 @@ import loop_governor as lg
 from crewai_governor._default import resolve_governor
 from crewai_governor.failures import ensure_fatal_relay, failure_from_error
 
-__all__ = ["GovernedStructuredTool", "GovernedTool", "govern_tool", "govern_tools", "is_governed_name"]
+__all__ = [
+    "GovernedStructuredTool",
+    "GovernedTool",
+    "govern_tool",
+    "govern_tools",
+    "governor_of",
+    "is_governed_name",
+]
 
-# Sanitized names of every governed tool, so the event listener can skip crewAI's tool
-# events for calls the governor already reports (no double counting).
-_governed_names: set[str] = set()
+# Sanitized names of the tools each governor wraps: the event listener's last resort when
+# a crewAI tool event cannot be traced back to its tool object (see governor_of).
+_governed_names: weakref.WeakKeyDictionary[lg.Governor, set[str]] = weakref.WeakKeyDictionary()
+_names_lock = threading.Lock()
 
 
-def is_governed_name(tool_name: str) -> bool:
-    """Whether a tool of this (sanitized) name was wrapped by :func:`govern_tool`."""
-    return sanitize_tool_name(tool_name) in _governed_names
+def is_governed_name(tool_name: str, governor: lg.Governor | None = None) -> bool:
+    """Whether a tool of this (sanitized) name was wrapped by :func:`govern_tool`, by
+    ``governor`` or (``None``) by any governor.
+
+    A name says nothing about one particular tool object: prefer :func:`governor_of`.
+    """
+    name = sanitize_tool_name(tool_name)
+    with _names_lock:
+        if governor is not None:
+            return name in _governed_names.get(governor, ())
+        return any(name in names for names in _governed_names.values())
+
+
+def governor_of(tool: Any) -> lg.Governor | None:
+    """The governor of a :class:`GovernedTool` (or of its structured form); else None."""
+    if isinstance(tool, GovernedTool):
+        return tool.governor
+    original = getattr(tool, "_original_tool", None)
+    if isinstance(original, GovernedTool):
+        return original.governor
+    return None
 
 
 def cache_unless_failure(_args: Any = None, result: Any = None) -> bool:
@@ -192,7 +221,8 @@ def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> Governed
         )
     governed._inner = tool
     governed._governor = gov
-    _governed_names.add(sanitize_tool_name(tool.name))
+    with _names_lock:
+        _governed_names.setdefault(gov, set()).add(sanitize_tool_name(tool.name))
     ensure_fatal_relay()
     return governed
 

@@ -5,14 +5,17 @@ calls, checkpoints) lives in :mod:`loop_governor`; this package only plugs it in
 LangChain's extension points.
 """
 
+from langchain_governor._pruning import MessagePruner
 from langchain_governor.callbacks import GovernorCallbackHandler
+from langchain_governor.errors import GovernedFatalError
 from langchain_governor.journal import ToolCallJournal, ToolJournalMiddleware
 from langchain_governor.memory import GovernedChatMessageHistory, make_pre_model_hook
-from langchain_governor.middleware import GovernorMiddleware, GovernorState, MessagePruner
+from langchain_governor.middleware import GovernorMiddleware, GovernorState
 from langchain_governor.tools import GovernedTool, GovernedToolError, govern_tool, govern_tools
 
 __all__ = [
     "GovernedChatMessageHistory",
+    "GovernedFatalError",
     "GovernedTool",
     "GovernedToolError",
     "GovernorCallbackHandler",

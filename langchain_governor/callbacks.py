@@ -33,9 +33,7 @@ from langchain_governor._common import openai_messages, resolve_governor, usage_
 PREVIEW_CHARS = 500
 
 
-def _model_name(
-    serialized: dict[str, Any] | None, metadata: dict[str, Any] | None, kwargs: Any
-) -> str | None:
+def _model_name(serialized: dict[str, Any] | None, metadata: dict[str, Any] | None, kwargs: Any) -> str | None:
     if metadata and isinstance(metadata.get("ls_model_name"), str):
         return str(metadata["ls_model_name"])
     params = kwargs.get("invocation_params") or {}

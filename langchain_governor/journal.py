@@ -63,6 +63,7 @@ def _digest(fingerprint: str) -> str:
     named like a secret (``reset-password``) would come back masked and never match."""
     return hashlib.sha256(fingerprint.encode("utf-8", "surrogatepass")).hexdigest()
 
+
 log = logging.getLogger(__name__)
 
 ToolResult = ToolMessage | Command[Any]

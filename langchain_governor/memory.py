@@ -22,30 +22,39 @@ from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
+from langchain_core.runnables import RunnableConfig
 
 import loop_governor as lg
-from langchain_governor._common import state_value
-from langchain_governor.middleware import MessagePruner, emit_pruning
+from langchain_governor._common import state_value, thread_id_of
+from langchain_governor._pruning import MessagePruner, PrunerPool
+from langchain_governor.middleware import emit_pruning
 
 
 def make_pre_model_hook(
-    pruner: MessagePruner,
+    pruner: MessagePruner | None = None,
     governor: lg.Governor | None = None,
     *,
+    pruner_factory: Callable[[], MessagePruner] | None = None,
     count_steps: bool = False,
-) -> Callable[[Any], dict[str, list[BaseMessage]]]:
+) -> Callable[..., dict[str, list[BaseMessage]]]:
     """A LangGraph ``pre_model_hook`` node returning the pruned ``llm_input_messages``.
 
-    With a ``governor``, each pruning is recorded as a ``pruning`` event and, when
-    ``count_steps`` is true, each model turn counts a step of the current task (so a
-    ``max_steps`` budget applies to graph-built agents as well).
+    ``pruner_factory`` gives each thread_id its own pruner (a graph serves many
+    conversations); a single ``pruner`` is shared behind a lock. With a ``governor``,
+    each pruning is recorded as a ``pruning`` event and, when ``count_steps`` is true,
+    each model turn counts a step of the current task (so a ``max_steps`` budget applies
+    to graph-built agents as well).
     """
+    if (pruner is None) == (pruner_factory is None):
+        raise ValueError("pass exactly one of pruner or pruner_factory")
+    pool = PrunerPool(pruner, pruner_factory)
 
-    def pre_model_hook(state: Any) -> dict[str, list[BaseMessage]]:
+    def pre_model_hook(state: Any, config: RunnableConfig | None = None) -> dict[str, list[BaseMessage]]:
         messages = list(state_value(state, "messages") or [])
         if governor is not None and count_steps:
             governor.count_step("model")
-        pruned = pruner.prune(messages)
+        pruned = pool.prune(thread_id_of(config), messages)
+        assert pruned is not None  # the pool has a pruner
         if governor is not None:
             emit_pruning(governor, messages, pruned)
         return {"llm_input_messages": pruned}

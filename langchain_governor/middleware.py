@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import PrivateStateAttr
@@ -48,14 +48,10 @@ from langchain_governor._common import (
     thread_id_of,
     usage_fields,
 )
+from langchain_governor._pruning import MessagePruner, PrunerPool
 from langchain_governor._scopes import LiveTasks
+from langchain_governor.errors import fatal_stop
 from langchain_governor.tools import GovernedTool
-
-
-class MessagePruner(Protocol):
-    """What the middleware needs of a pruner (``loop_governor.context.ContextPruner``)."""
-
-    def prune(self, messages: list[Any]) -> list[Any]: ...
 
 
 class GovernorState(AgentState[Any]):
@@ -122,6 +118,8 @@ def _shield(handler: Callable[[ToolCallRequest], ToolResult], request: ToolCallR
         try:
             return _to_record(handler(request))
         except GraphBubbleUp as exc:
+            if isinstance(exc, lg.FatalError):
+                raise  # a governed tool's fatal stop: the governor records it as fatal
             return Interrupted(exc)
 
     return attempt
@@ -134,6 +132,8 @@ def _ashield(
         try:
             return _to_record(await handler(request))
         except GraphBubbleUp as exc:
+            if isinstance(exc, lg.FatalError):
+                raise  # a governed tool's fatal stop: the governor records it as fatal
             return Interrupted(exc)
 
     return attempt
@@ -160,13 +160,21 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         governor: lg.Governor | None = None,
         pruner: MessagePruner | None = None,
         *,
+        pruner_factory: Callable[[], MessagePruner] | None = None,
         record_messages: bool = True,
         count_steps: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         super().__init__()
         self.governor = resolve_governor(governor)
+        if pruner is not None and pruner_factory is not None:
+            raise ValueError("pass pruner or pruner_factory, not both")
         self.pruner = pruner
+        # A pruner keeps per-conversation state and is not thread-safe: one agent serves
+        # many threads (batch, a server), so either one pruner per task (the factory) or
+        # the shared one behind a lock (its output depends only on the messages it is
+        # given, so sharing stays correct; it just rebuilds when conversations interleave).
+        self._pruners = PrunerPool(pruner, pruner_factory)
         self.record_messages = record_messages
         self.count_steps = count_steps
         self._clock = clock
@@ -201,7 +209,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
 
     def _end_task(self, state: Any, runtime: Any) -> None:
         if self.governor.current_task() is None:
-            self._tasks.end(self._task_id(state, runtime))
+            task_id = self._task_id(state, runtime)
+            self._tasks.end(task_id)
+            self._pruners.drop(task_id)
 
     @staticmethod
     def _thread_id(runtime: Any) -> str | None:
@@ -220,8 +230,20 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         if self.governor.current_task() is not None:
             yield
             return
-        with self._tasks.attached(self._task_id(state, runtime)):
-            yield
+        task_id = self._task_id(state, runtime)
+        try:
+            with self._tasks.attached(task_id):
+                yield
+        except Exception as exc:
+            if isinstance(exc, GraphBubbleUp) and not isinstance(exc, lg.FatalError):
+                raise  # an interrupt pauses the run: the task goes on when it resumes
+            # The run is aborting (FatalError, a budget, a model error): after_agent will
+            # not run, so end the task here. Otherwise the thread stays stuck with a spent
+            # budget and runs without a thread_id leak their state. A checkpoint, if any,
+            # was saved; a resume reloads it.
+            self._tasks.end(task_id)
+            self._pruners.drop(task_id)
+            raise
 
     # -- model calls --------------------------------------------------------------------
 
@@ -230,10 +252,11 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             self.governor.count_step("model")
         elif (scope := self.governor.current_task()) is not None:
             scope.model_calls += 1  # still reported at task_end, just not a budget step
-        if self.pruner is None:
-            return request
+        scope = self.governor.current_task()
         before = request.messages
-        pruned = self.pruner.prune(list(before))
+        pruned = self._pruners.prune(scope.task_id if scope is not None else None, list(before))
+        if pruned is None:
+            return request
         emit_pruning(self.governor, before, pruned)
         return request.override(messages=pruned)
 
@@ -308,7 +331,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     ) -> ToolResult:
         with self._scope(request.state, request.runtime):
             if not self._needs_governing(request):
-                return handler(request)
+                # a GovernedTool governs itself; its events still get the tool call id
+                with self.governor.call_context(tool_call_id=request.tool_call.get("id")):
+                    return handler(request)
             call = request.tool_call
             try:
                 with self.governor.call_context(tool_call_id=call.get("id")):
@@ -318,8 +343,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
                         ),
                         request,
                     )
-            except lg.FatalError:
-                raise
+            except lg.FatalError as exc:
+                # as a GraphBubbleUp too: a ToolNode(handle_tool_errors=True) must not turn it into text
+                raise fatal_stop(exc) from exc
             except lg.AgentToolError as exc:
                 return self._error_message(request, exc)
             return result
@@ -331,7 +357,8 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     ) -> ToolResult:
         with self._scope(request.state, request.runtime):
             if not self._needs_governing(request):
-                return await handler(request)
+                with self.governor.call_context(tool_call_id=request.tool_call.get("id")):
+                    return await handler(request)
             call = request.tool_call
             try:
                 with self.governor.call_context(tool_call_id=call.get("id")):
@@ -343,8 +370,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
                         ),
                         request,
                     )
-            except lg.FatalError:
-                raise
+            except lg.FatalError as exc:
+                # as a GraphBubbleUp too: a ToolNode(handle_tool_errors=True) must not turn it into text
+                raise fatal_stop(exc) from exc
             except lg.AgentToolError as exc:
                 return self._error_message(request, exc)
             return result

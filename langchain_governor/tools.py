@@ -37,6 +37,7 @@ from langchain_governor._common import (
     passthrough,
     resolve_governor,
 )
+from langchain_governor.errors import GovernedFatalError, fatal_stop
 
 # Fields copied verbatim from the wrapped tool: everything a model, a ToolNode or a
 # callback sees of a tool. ``args_schema`` is the same object, not a copy.
@@ -78,7 +79,9 @@ class GovernedTool(BaseTool):
     """A ``BaseTool`` whose runs go through a :class:`loop_governor.Governor`.
 
     Non-fatal governed failures come back as content (``ToolMessage(status="error")``
-    for tool calls); :class:`loop_governor.FatalError` propagates and stops the run.
+    for tool calls); a fatal one propagates and stops the run, as a
+    :class:`~langchain_governor.errors.GovernedFatalError` (a ``loop_governor.FatalError``
+    that LangGraph's ``ToolNode(handle_tool_errors=True)`` cannot swallow).
     The inner tool's own ``handle_tool_error`` is bypassed on purpose: the governor's
     structured error replaces free-text error strings.
     """
@@ -155,12 +158,16 @@ class GovernedTool(BaseTool):
             try:
                 return inner_run(*args, **call_kwargs)
             except GraphBubbleUp as exc:
+                if isinstance(exc, lg.FatalError):
+                    raise  # a fatal stop from further in: the governor records it as fatal
                 return Interrupted(exc)
 
         try:
             return passthrough(self.governor.call(self.name, attempt, key))
-        except lg.FatalError:
+        except GovernedFatalError:
             raise
+        except lg.FatalError as exc:
+            raise fatal_stop(exc) from exc
         except lg.AgentToolError as exc:
             raise GovernedToolError(exc) from exc
 
@@ -184,12 +191,16 @@ class GovernedTool(BaseTool):
             try:
                 return await inner_arun(*args, **call_kwargs)
             except GraphBubbleUp as exc:
+                if isinstance(exc, lg.FatalError):
+                    raise  # a fatal stop from further in: the governor records it as fatal
                 return Interrupted(exc)
 
         try:
             return passthrough(await self.governor.acall(self.name, attempt, key))
-        except lg.FatalError:
+        except GovernedFatalError:
             raise
+        except lg.FatalError as exc:
+            raise fatal_stop(exc) from exc
         except lg.AgentToolError as exc:
             raise GovernedToolError(exc) from exc
 

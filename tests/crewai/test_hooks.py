@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
 
+import pytest
 from crewai.hooks.dispatch import InterceptionPoint, get_hooks
 
 import loop_governor as lg
@@ -333,3 +335,72 @@ def test_after_llm_call_emits_the_final_response(kit: Any, governor: lg.Governor
     starts = [e for e in events if e["event"] == "task_start"]
     assert len(starts) == 1 and starts[0]["task_id"].startswith("crewai-crew-")
     assert responses[0]["task_id"] == starts[0]["task_id"]
+
+
+@pytest.mark.parametrize("mode", ["kickoff", "kickoff_async"])
+def test_standalone_agent_kickoff_runs_in_a_governor_task(
+    kit: Any, governor: lg.Governor, events: list[dict[str, Any]], native: bool, mode: str
+) -> None:
+    # crewAI starts a standalone Agent.kickoff with crew=None, flow=<AgentExecutor>
+    from crewai import Agent
+
+    backend = kit.Backend(status=404)
+    # the same two failing calls twice (alternating dodges crewAI's same-input guard)
+    steps = [kit.ToolStep("search_docs", {"query": "x"}), kit.ToolStep("search_docs", {"query": "y"})] * 2
+    llm = kit.ScriptedLLM(model="scripted", native=native, script=[*steps, kit.Final("done")])
+    agent = Agent(
+        role="r", goal="g", backstory="b", llm=llm, tools=[govern_tool(kit.SearchTool(backend), governor)], max_iter=10
+    )
+    with install(governor):
+        if mode == "kickoff":
+            agent.kickoff("find")
+        else:
+            asyncio.run(agent.kickoff_async("find"))
+
+    assert backend.count == 2  # the repeats were answered from the task's known-bad memory
+    starts = [e for e in events if e["event"] == "task_start"]
+    assert len(starts) == 1 and starts[0]["task_id"].startswith("crewai-flow-")
+    assert [e["task_id"] for e in events if e["event"] == "task_end"] == [starts[0]["task_id"]]
+    assert {e["task_id"] for e in events if e["event"] == "tool_call"} == {starts[0]["task_id"]}
+    assert governor.current_task() is None
+
+
+class CountingPruner:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def prune(self, messages: list[Any]) -> list[Any]:
+        self.calls += 1
+        return list(messages)
+
+
+def test_global_hooks_copied_into_executors_stop_after_uninstall(
+    kit: Any, governor: lg.Governor, events: list[dict[str, Any]], native: bool
+) -> None:
+    # crewAI copies the global LLM hooks into every executor it builds: kicking the same
+    # crew off again after uninstall() reuses an executor that still holds them.
+    pruner = CountingPruner()
+    llm = kit.ScriptedLLM(
+        model="scripted", native=native, script=[kit.ToolStep("search_docs", {"query": "a"}), kit.Final("done")]
+    )
+    crew = kit.make_crew(llm, [kit.SearchTool(kit.Backend())])
+    with install(governor, pruner=pruner, scoped=False) as installation:
+        crew.kickoff()
+    calls_inside, events_inside = pruner.calls, len(events)
+    assert calls_inside == 2
+
+    crew.kickoff()
+
+    assert pruner.calls == calls_inside
+    assert events[events_inside:] == []
+    assert not installation.hooks.active
+
+
+def test_scoped_installation_can_be_entered_again(kit: Any, governor: lg.Governor) -> None:
+    pruner = CountingPruner()
+    installation = install(governor, pruner=pruner)
+    for _ in range(2):
+        with installation:
+            llm = kit.ScriptedLLM(model="scripted", native=True, script=[kit.Final("done")])
+            kit.make_crew(llm, []).kickoff()
+    assert pruner.calls == 2

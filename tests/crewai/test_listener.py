@@ -125,3 +125,36 @@ def test_close_unregisters_the_listener(kit: Any, governor: lg.Governor, events:
     kit.make_crew(llm, []).kickoff()
     lens.flush()
     assert [e for e in events if e["event"] == "model_call"] == []
+
+
+def test_an_ungoverned_tool_sharing_a_governed_tools_name_is_reported(
+    kit: Any, governor: lg.Governor, make_governor: Any, events: list[dict[str, Any]], native: bool
+) -> None:
+    # some other crew or module governs a tool named search_docs ...
+    govern_tool(kit.SearchTool(kit.Backend()), make_governor())
+    # ... this crew's search_docs is not governed: crewAI's events are all there is
+    llm = kit.ScriptedLLM(
+        model="scripted", native=native, script=[kit.ToolStep("search_docs", {"query": "a"}), kit.Final("done")]
+    )
+    with GovernorEventListener(governor) as lens:
+        kit.make_crew(llm, [kit.SearchTool(kit.Backend())]).kickoff()
+        lens.flush()
+
+    tool_calls = [e for e in events if e["event"] == "tool_call"]
+    assert [(e["tool"], e["status"], e["source"]) for e in tool_calls] == [("search_docs", "ok", "crewai")]
+
+
+def test_calls_of_this_governors_tools_are_not_reported_twice(
+    kit: Any, governor: lg.Governor, events: list[dict[str, Any]], native: bool
+) -> None:
+    backend = kit.Backend()
+    llm = kit.ScriptedLLM(
+        model="scripted", native=native, script=[kit.ToolStep("search_docs", {"query": "a"}), kit.Final("done")]
+    )
+    with GovernorEventListener(governor) as lens, install(governor):
+        kit.make_crew(llm, [govern_tool(kit.SearchTool(backend), governor)]).kickoff()
+        lens.flush()
+
+    tool_calls = [e for e in events if e["event"] == "tool_call"]
+    assert backend.count == 1
+    assert len(tool_calls) == 1 and "source" not in tool_calls[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from typing import Any
 
 import pytest
@@ -183,3 +184,70 @@ def test_governor_none_uses_one_process_wide_default(lc: Any) -> None:
     second = govern_tool(make_fetch(lc.Backend()))
     assert isinstance(first.governor, lg.Governor)
     assert first.governor is second.governor
+
+
+def _react_agent(lc: Any, tools: list[BaseTool], name: str, model: Any = None) -> Any:
+    import warnings
+
+    from langgraph.prebuilt import ToolNode
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # create_react_agent is deprecated in LangGraph 1.x
+        from langgraph.prebuilt import create_react_agent
+
+        if model is None:
+            model = lc.ScriptedChatModel(script=lc.call_tool_until(name, 1, lambda n: {"url": f"https://x/{n}"}))
+        return create_react_agent(model, ToolNode(tools, handle_tool_errors=True))
+
+
+@pytest.mark.parametrize("how", ["invoke", "stream", "ainvoke", "astream"])
+@pytest.mark.parametrize("make", [make_fetch, make_afetch], ids=["sync", "async"])
+@pytest.mark.asyncio
+async def test_fatal_failure_stops_a_toolnode_that_handles_tool_errors(
+    lc: Any, governor: lg.Governor, how: str, make: Any
+) -> None:
+    # ToolNode(handle_tool_errors=True) turns every exception into a ToolMessage;
+    # a governed fatal stop must get through it and end the run.
+    if make is make_afetch and how in ("invoke", "stream"):
+        pytest.skip("an async-only tool has no sync path")
+    backend = lc.Backend([401], forever=True)
+    agent = _react_agent(lc, [govern_tool(make(backend), governor)], "fetch_page")
+    state = {"messages": [("user", "go")]}
+    with pytest.raises(lg.FatalError) as caught:
+        if how == "invoke":
+            agent.invoke(state)
+        elif how == "stream":
+            list(agent.stream(state))
+        elif how == "ainvoke":
+            await agent.ainvoke(state)
+        else:
+            [chunk async for chunk in agent.astream(state)]
+    assert caught.value.info.status == 401
+    assert len(backend.calls) == 1
+
+
+def test_fatal_stop_keeps_its_class_and_state(lc: Any, governor: lg.Governor) -> None:
+    from langgraph.errors import GraphBubbleUp
+
+    from langchain_governor.errors import GovernedFatalError, fatal_stop
+
+    budget = lg.BudgetExhaustedError("steps spent", tool="fetch_page", partial_results=["r1"])
+    stop = fatal_stop(budget)
+    assert isinstance(stop, lg.BudgetExhaustedError) and isinstance(stop, GovernedFatalError)
+    assert isinstance(stop, GraphBubbleUp)
+    assert stop.info is budget.info and stop.partial_results == ["r1"] and str(stop) == str(budget)
+    assert fatal_stop(stop) is stop
+    again = pickle.loads(pickle.dumps(stop))
+    assert type(again) is type(stop) and again.info == budget.info and again.partial_results == ["r1"]
+
+
+def test_a_budget_stop_keeps_its_class_through_a_toolnode_that_handles_tool_errors(lc: Any, sleeps: Any) -> None:
+    governor = lg.Governor(lg.GovernorConfig(max_steps=2), clock=sleeps.clock, sleep=sleeps.sleep)
+    backend = lc.Backend()
+    fetch = govern_tool(make_fetch(backend), governor)
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 5, lambda n: {"url": f"https://x/{n}"}))
+    agent = _react_agent(lc, [fetch], "fetch_page", model=model)
+    with governor.task("budgeted"), pytest.raises(lg.BudgetExhaustedError) as caught:
+        agent.invoke({"messages": [("user", "go")]})
+    assert len(backend.calls) == 2
+    assert caught.value.info.code == "max_steps"

@@ -235,3 +235,47 @@ def test_tool_errors_leave_unknown_tools_to_the_tool_node(lc: Any, governor: lg.
     reply = next(m for m in result["messages"] if isinstance(m, ToolMessage))
     assert reply.status == "error"
     assert "no_such_tool" in reply.content
+
+
+@MODES
+def test_a_fatal_stop_from_inside_a_tool_is_recorded_as_fatal(
+    mode: str, lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
+) -> None:
+    # A tool that runs a governed tool of its own (an agent as a tool, say): the inner
+    # fatal stop is a LangGraph bubble-up, but for the middleware it is the call's failure.
+    inner = govern_tool(fetch_tool(lc.Backend([401])), lg.Governor(sleep=lambda s: None))
+
+    @tool
+    async def research(topic: str) -> str:
+        """Research a topic."""
+        return str(await inner.ainvoke({"url": f"https://x/{topic}"}))
+
+    @tool
+    def research_sync(topic: str) -> str:
+        """Research a topic."""
+        return str(inner.invoke({"url": f"https://x/{topic}"}))
+
+    name = "research" if mode == "async" else "research_sync"
+    model = lc.ScriptedChatModel(script=lc.call_tool_until(name, 1, lambda i: {"topic": "t"}))
+    agent = create_agent(model, [research, research_sync], middleware=[GovernorMiddleware(governor)])
+    with pytest.raises(lg.FatalError) as caught:
+        run_agent(agent, mode)
+    assert caught.value.info.status == 401
+    calls = [e for e in events if e["event"] == "tool_call" and e["tool"] == name]
+    assert [(e["status"], e["error_type"]) for e in calls] == [("error", "fatal")]
+    kinds = [e["event"] for e in events]
+    assert kinds.count("task_start") == kinds.count("task_end") == 1
+
+
+@MODES
+def test_a_governed_tools_fatal_stop_ends_the_middlewares_task(
+    mode: str, lc: Any, governor: lg.Governor, events: list[dict[str, Any]]
+) -> None:
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 1, lambda i: {"url": "https://x/me"}))
+    fetch = govern_tool(fetch_tool(lc.Backend([401], forever=True)), governor)
+    agent = create_agent(model, [fetch], middleware=[GovernorMiddleware(governor)])
+    for _ in range(2):
+        with pytest.raises(lg.FatalError):
+            run_agent(agent, mode)
+    kinds = [e["event"] for e in events]
+    assert kinds.count("task_start") == kinds.count("task_end") == 2

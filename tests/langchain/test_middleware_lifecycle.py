@@ -1,0 +1,137 @@
+"""GovernorMiddleware across runs and threads: task scopes end, pruners don't mix conversations."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from lg_langchain import tool_call
+
+import loop_governor as lg
+from langchain_governor import GovernorMiddleware, govern_tool
+
+
+@tool
+def fetch(url: str) -> str:
+    """Fetch a page."""
+    return "page " + url
+
+
+def loop_or_greet(messages: list[BaseMessage]) -> AIMessage:
+    last = [m for m in messages if isinstance(m, HumanMessage)][-1].content
+    if last == "loop":
+        return tool_call("fetch", {"url": f"u{len(messages)}"}, f"c{len(messages)}")
+    return AIMessage(content="hello!")
+
+
+def test_a_budget_stop_does_not_leave_the_thread_stuck(lc: Any) -> None:
+    gov = lg.Governor(lg.GovernorConfig(max_steps=4), sleep=lambda s: None)
+    agent = create_agent(
+        lc.ScriptedChatModel(script=loop_or_greet),
+        [fetch],
+        middleware=[GovernorMiddleware(gov)],
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "chat-1"}}
+    with pytest.raises(lg.BudgetExhaustedError):
+        agent.invoke({"messages": [("user", "loop")]}, config)
+    # the next user turn on the same thread is a new run with a fresh budget
+    assert agent.invoke({"messages": [("user", "just say hi")]}, config)["messages"][-1].content == "hello!"
+
+
+def test_runs_without_a_thread_id_leave_no_task_state_behind(lc: Any) -> None:
+    gov = lg.Governor(sleep=lambda s: None)
+    events: list[dict[str, Any]] = []
+    gov.subscribe(events.append)
+    crm = lc.Backend([401], forever=True)
+
+    @tool
+    def lookup(customer: str) -> str:
+        """Look a customer up."""
+        return crm(customer=customer)
+
+    model = lc.ScriptedChatModel(script=lambda m: tool_call("lookup", {"customer": "acme"}, "c1"))
+    agent = create_agent(model, [lookup], middleware=[GovernorMiddleware(gov)])
+    for _ in range(5):
+        with pytest.raises(lg.FatalError):
+            agent.invoke({"messages": [("user", "go")]})
+    kinds = [e["event"] for e in events]
+    assert kinds.count("task_start") == kinds.count("task_end") == 5
+    store = gov.store
+    assert not store._budgets and not store._known_bad and not store._signatures  # type: ignore[attr-defined]
+
+
+class _ExclusivePruner:
+    """Fails loudly if two threads are inside prune() at once (a real pruner isn't thread-safe)."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.overlaps = 0
+        self.calls = 0
+
+    def prune(self, messages: list[Any]) -> list[Any]:
+        self.inside += 1
+        if self.inside > 1:
+            self.overlaps += 1
+        time.sleep(0.002)  # widen the window a concurrent caller would hit
+        self.calls += 1
+        self.inside -= 1
+        return list(messages)
+
+
+def _batch(agent: Any, n: int) -> None:
+    configs = [{"configurable": {"thread_id": f"user-{i}"}} for i in range(n)]
+    agent.batch([{"messages": [("user", "loop")]} for _ in range(n)], configs, max_concurrency=n)
+
+
+def _two_tool_calls_then_answer(messages: list[BaseMessage]) -> AIMessage:
+    done = sum(1 for m in messages if m.type == "tool")
+    return AIMessage(content="done") if done >= 2 else tool_call("fetch", {"url": f"u{done}"}, f"c{done}")
+
+
+def test_a_shared_pruner_is_never_entered_by_two_conversations_at_once(lc: Any) -> None:
+    pruner = _ExclusivePruner()
+    gov = lg.Governor(sleep=lambda s: None)
+    agent = create_agent(
+        lc.ScriptedChatModel(script=_two_tool_calls_then_answer),
+        [fetch],
+        middleware=[GovernorMiddleware(gov, pruner=pruner)],
+    )
+    _batch(agent, 6)
+    assert pruner.calls == 18 and pruner.overlaps == 0
+
+
+def test_a_pruner_factory_gives_each_conversation_its_own_pruner(lc: Any) -> None:
+    made: list[_ExclusivePruner] = []
+    lock = threading.Lock()
+
+    def factory() -> _ExclusivePruner:
+        with lock:
+            made.append(_ExclusivePruner())
+            return made[-1]
+
+    gov = lg.Governor(sleep=lambda s: None)
+    agent = create_agent(
+        lc.ScriptedChatModel(script=_two_tool_calls_then_answer),
+        [fetch],
+        middleware=[GovernorMiddleware(gov, pruner_factory=factory)],
+    )
+    _batch(agent, 4)
+    assert len(made) == 4 and all(p.calls == 3 for p in made)
+
+
+def test_wrapped_tools_report_the_tool_call_id_too(lc: Any) -> None:
+    gov = lg.Governor(sleep=lambda s: None)
+    events: list[dict[str, Any]] = []
+    gov.subscribe(events.append)
+    model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch", 2, lambda i: {"url": f"u{i}"}))
+    agent = create_agent(model, [govern_tool(fetch, gov)], middleware=[GovernorMiddleware(gov)])
+    agent.invoke({"messages": [("user", "go")]})
+    ids = [e.get("tool_call_id") for e in events if e["event"] == "tool_call"]
+    assert ids == ["call_0", "call_1"]

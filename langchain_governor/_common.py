@@ -38,6 +38,15 @@ class Interrupted:
         self.exc = exc
 
 
+def carry(exc: BaseException) -> Interrupted:
+    """Carry a LangGraph control-flow exception through the governor as a value; a
+    governed tool's fatal stop (also a ``GraphBubbleUp``) is re-raised instead, so the
+    governor records it as the fatal failure it is."""
+    if isinstance(exc, lg.FatalError):
+        raise exc
+    return Interrupted(exc)
+
+
 def passthrough(value: Any) -> Any:
     """Re-raise a control-flow exception that :class:`Interrupted` carried through."""
     if isinstance(value, Interrupted):

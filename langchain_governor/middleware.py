@@ -36,7 +36,7 @@ from typing_extensions import NotRequired
 import loop_governor as lg
 from langchain_governor._common import (
     STATE_TASK_KEY,
-    Interrupted,
+    carry,
     key_args,
     last_ai_message,
     model_name,
@@ -118,9 +118,7 @@ def _shield(handler: Callable[[ToolCallRequest], ToolResult], request: ToolCallR
         try:
             return _to_record(handler(request))
         except GraphBubbleUp as exc:
-            if isinstance(exc, lg.FatalError):
-                raise  # a governed tool's fatal stop: the governor records it as fatal
-            return Interrupted(exc)
+            return carry(exc)
 
     return attempt
 
@@ -132,9 +130,7 @@ def _ashield(
         try:
             return _to_record(await handler(request))
         except GraphBubbleUp as exc:
-            if isinstance(exc, lg.FatalError):
-                raise  # a governed tool's fatal stop: the governor records it as fatal
-            return Interrupted(exc)
+            return carry(exc)
 
     return attempt
 

@@ -30,8 +30,8 @@ from pydantic import ConfigDict, Field
 
 import loop_governor as lg
 from langchain_governor._common import (
-    Interrupted,
     accepts_param,
+    carry,
     config_param,
     key_args,
     passthrough,
@@ -146,30 +146,21 @@ class GovernedTool(BaseTool):
         **kwargs: Any,
     ) -> Any:
         key = self._call_key_value(args, kwargs)
-        wants_manager, config_name = self._inner_sync
-        call_kwargs = dict(kwargs)
-        if wants_manager:
-            call_kwargs["run_manager"] = run_manager
-        if config_name:
-            call_kwargs[config_name] = config
+        call_kwargs = _inner_kwargs(self._inner_sync, kwargs, run_manager, config)
         inner_run = self.inner._run
 
         def attempt(_key: Any) -> Any:
             try:
                 return inner_run(*args, **call_kwargs)
             except GraphBubbleUp as exc:
-                if isinstance(exc, lg.FatalError):
-                    raise  # a fatal stop from further in: the governor records it as fatal
-                return Interrupted(exc)
+                return carry(exc)
 
         try:
             return passthrough(self.governor.call(self.name, attempt, key))
         except GovernedFatalError:
-            raise
-        except lg.FatalError as exc:
-            raise fatal_stop(exc) from exc
+            raise  # already the pass-through form (a fatal stop from further in)
         except lg.AgentToolError as exc:
-            raise GovernedToolError(exc) from exc
+            raise _for_langgraph(exc) from exc
 
     async def _arun(
         self,
@@ -179,30 +170,43 @@ class GovernedTool(BaseTool):
         **kwargs: Any,
     ) -> Any:
         key = self._call_key_value(args, kwargs)
-        wants_manager, config_name = self._inner_async
-        call_kwargs = dict(kwargs)
-        if wants_manager:
-            call_kwargs["run_manager"] = run_manager
-        if config_name:
-            call_kwargs[config_name] = config
+        call_kwargs = _inner_kwargs(self._inner_async, kwargs, run_manager, config)
         inner_arun = self.inner._arun
 
         async def attempt(_key: Any) -> Any:
             try:
                 return await inner_arun(*args, **call_kwargs)
             except GraphBubbleUp as exc:
-                if isinstance(exc, lg.FatalError):
-                    raise  # a fatal stop from further in: the governor records it as fatal
-                return Interrupted(exc)
+                return carry(exc)
 
         try:
             return passthrough(await self.governor.acall(self.name, attempt, key))
         except GovernedFatalError:
-            raise
-        except lg.FatalError as exc:
-            raise fatal_stop(exc) from exc
+            raise  # already the pass-through form (a fatal stop from further in)
         except lg.AgentToolError as exc:
-            raise GovernedToolError(exc) from exc
+            raise _for_langgraph(exc) from exc
+
+
+def _inner_kwargs(
+    spec: tuple[bool, str | None], kwargs: dict[str, Any], run_manager: Any, config: RunnableConfig
+) -> dict[str, Any]:
+    """The keyword arguments the inner ``_run``/``_arun`` takes: its own, plus the run
+    manager and config when (and under the name) its signature asks for them."""
+    wants_manager, config_name = spec
+    call_kwargs = dict(kwargs)
+    if wants_manager:
+        call_kwargs["run_manager"] = run_manager
+    if config_name:
+        call_kwargs[config_name] = config
+    return call_kwargs
+
+
+def _for_langgraph(exc: lg.AgentToolError) -> Exception:
+    """What a governed failure becomes inside LangGraph: a fatal stop it lets through to
+    the caller, or a tool error its ToolNode turns into ``ToolMessage(status="error")``."""
+    if isinstance(exc, lg.FatalError):
+        return fatal_stop(exc)
+    return GovernedToolError(exc)
 
 
 def govern_tool(tool: BaseTool | Callable[..., Any], governor: lg.Governor | None = None) -> GovernedTool:

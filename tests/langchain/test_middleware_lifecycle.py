@@ -135,3 +135,30 @@ def test_wrapped_tools_report_the_tool_call_id_too(lc: Any) -> None:
     agent.invoke({"messages": [("user", "go")]})
     ids = [e.get("tool_call_id") for e in events if e["event"] == "tool_call"]
     assert ids == ["call_0", "call_1"]
+
+
+def test_an_interrupt_inside_a_tool_pauses_the_run_and_resumes(lc: Any) -> None:
+    from langgraph.types import Command, interrupt
+
+    approvals: list[Any] = []
+
+    @tool
+    def send(amount: int) -> str:
+        """Send money after a human approves."""
+        approvals.append(interrupt(f"approve {amount}?"))
+        return f"sent {amount}"
+
+    gov = lg.Governor(sleep=lambda s: None)
+    events: list[dict[str, Any]] = []
+    gov.subscribe(events.append)
+    for wrap in (False, True):
+        approvals.clear()
+        model = lc.ScriptedChatModel(script=lc.call_tool_until("send", 1, lambda i: {"amount": 5}))
+        tools = [govern_tool(send, gov)] if wrap else [send]
+        agent = create_agent(model, tools, middleware=[GovernorMiddleware(gov)], checkpointer=InMemorySaver())
+        config = {"configurable": {"thread_id": f"pay-{wrap}"}}
+        paused = agent.invoke({"messages": [("user", "pay")]}, config)
+        assert paused["__interrupt__"][0].value == "approve 5?"  # not classified as a tool failure
+        done = agent.invoke(Command(resume="yes"), config)
+        assert approvals == ["yes"] and done["messages"][-1].content == "done"
+    assert not [e for e in events if e["event"] == "tool_call" and e["status"] == "error"]

@@ -1,19 +1,20 @@
 """Bytes in, bytes out: the one encoding every checkpoint store shares.
 
 Each store keeps three things per task: the write counter (``version``), the JSON body
-and a CRC-32 over both. The checksum is what tells a torn or bit-rotted record from a
-valid one, so corruption is detected and reported instead of being half-loaded. CRC-32
-rather than SHA-256: it guards against accidents, not adversaries (whoever can write
-the store can also write a matching hash), and it costs a third of SHA-256 on a large
-checkpoint, which is saved after every tool call.
+and a checksum over both. The checksum is what tells a torn or bit-rotted record from a
+valid one, so corruption is detected and reported instead of being half-loaded. XXH3
+(64-bit) rather than SHA-256 or CRC-32: it guards against accidents, not adversaries
+(whoever can write the store can also write a matching hash), and a checkpoint is saved
+after every tool call: on a 0.5 MB checkpoint XXH3 takes ~9 us where zlib's CRC-32 takes
+~130 us and SHA-256 ~300 us (``benchmarks/checkpoint_save.py`` measures the whole save).
 """
 
 from __future__ import annotations
 
 import json
-import zlib
 from typing import Any
 
+import xxhash
 from pydantic import ValidationError
 
 from loop_governor.checkpoint.errors import CheckpointSchemaError
@@ -25,15 +26,30 @@ class CorruptData(Exception):
 
 
 def checksum(version: int, body: bytes) -> str:
-    """CRC-32 (8 hex digits) over the version and the body: neither changes undetected."""
-    crc = zlib.crc32(body, zlib.crc32(str(version).encode() + b"\n"))
-    return f"{crc:08x}"
+    """XXH3-64 (16 hex digits) of the body, seeded with the version: neither changes undetected."""
+    # The modulo keeps a damaged (negative or huge) stored version a checksum mismatch
+    # instead of an OverflowError.
+    return xxhash.xxh3_64_hexdigest(body, seed=version % 2**64)
 
 
 def encode(cp: TaskCheckpoint, version: int, now: float, serializer: Serializer | None) -> tuple[bytes, str]:
     """The body bytes and checksum for ``cp`` stored as ``version`` at time ``now``."""
     body = cp.encode_body(now, serializer)
     return body, checksum(version, body)
+
+
+def encode_parts(
+    cp: TaskCheckpoint, version: int, now: float, serializer: Serializer | None
+) -> tuple[list[bytes], str]:
+    """:func:`encode` as a few byte strings, for a store that writes them without joining.
+
+    The checksum is the same as over the joined body (XXH3 streams).
+    """
+    parts = cp.encode_parts(now, serializer)
+    digest = xxhash.xxh3_64(seed=version % 2**64)
+    for part in parts:
+        digest.update(part)
+    return parts, digest.hexdigest()
 
 
 def decode(task_id: str, version: int, digest: str, body: bytes) -> TaskCheckpoint:

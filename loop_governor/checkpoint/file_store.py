@@ -8,7 +8,7 @@ version-check-and-replace, so the two-writer rule also holds across processes.
 
 File layout (plain JSON, readable with ``jq .checkpoint``)::
 
-    {"lg_checkpoint":1,"version":N,"crc32":"<8 hex>","checkpoint":{...}}
+    {"lg_checkpoint":2,"version":N,"xxh3":"<16 hex>","checkpoint":{...}}
 
 The fixed prefix lets a writer read the stored version from the first bytes alone and
 lets a reader verify the body's checksum on the exact stored bytes.
@@ -19,17 +19,20 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from loop_governor.checkpoint.base import check_task_id
-from loop_governor.checkpoint.codec import CorruptData, decode, encode
+from loop_governor.checkpoint.codec import CorruptData, decode, encode_parts
 from loop_governor.checkpoint.errors import CheckpointConflictError, CheckpointCorruptedError
 from loop_governor.checkpoint.model import Serializer, TaskCheckpoint
 
@@ -38,8 +41,10 @@ if sys.platform != "win32":
 
 SUFFIX = ".ckpt.json"
 QUARANTINE_DIR = ".quarantine"
-_HEADER = re.compile(rb'\{"lg_checkpoint":1,"version":(\d{1,19}),"crc32":"([0-9a-f]{8})","checkpoint":')
+_HEADER = re.compile(rb'\{"lg_checkpoint":2,"version":(\d{1,19}),"xxh3":"([0-9a-f]{16})","checkpoint":')
 _HEADER_MAX = 160
+_FILE_CACHE_MAX = 4096
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 _IOV_MAX = 512  # below every platform's IOV_MAX (1024 on Linux and macOS)
 # File names stay well under the common 255-byte limit, leaving room for the
 # quarantine suffix. Longer encodings keep a readable prefix plus a hash.
@@ -97,7 +102,7 @@ def _writev_all(fd: int, parts: builtins.list[bytes]) -> None:
     while start < len(parts):
         batch = parts[start : start + _IOV_MAX]
         written = os.writev(fd, batch)
-        expected = sum(len(p) for p in batch)
+        expected = sum(map(len, batch))
         if written < expected:  # short write: finish this batch the simple way
             _write_all(fd, b"".join(batch)[written:])
         start += len(batch)
@@ -107,6 +112,69 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+class _DirectoryLock:
+    """Exclusive use of a checkpoint directory, within and across processes.
+
+    One lock per directory rather than per task: a lock file per task would have to
+    outlive its checkpoint (deleting a lock file others may hold is a race), and the
+    lock is held only for the check-and-replace, about one fsync. ``with`` yields the
+    directory fd (saves fsync it).
+
+    The directory stays open between saves (opening it each time costs ~5 us, a tenth
+    of what a save adds to a bare write). ``flock`` belongs to the open file
+    description, which this process's threads share, hence the thread lock; and which
+    a forked child would share with its parent, so a child opens its own
+    (``os.register_at_fork``).
+    """
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+        self._fd = -1
+        self._threads = threading.Lock()
+        self._finalizer: weakref.finalize[[int], _DirectoryLock] | None = None
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+
+    def __enter__(self) -> int:
+        self._threads.acquire()
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self._directory, os.O_RDONLY)
+                self._finalizer = weakref.finalize(self, os.close, self._fd)
+            if sys.platform != "win32":
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+        return self._fd
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if sys.platform != "win32":
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
+
+    def close(self) -> None:
+        with self._threads:
+            self._drop_fd()
+
+    def _drop_fd(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()  # closes the fd (in a forked child: the child's copy only)
+            self._finalizer = None
+        self._fd = -1
+
+
+def _after_fork(ref: weakref.ref[_DirectoryLock]) -> None:
+    """In a forked child: a lock of its own, and its own directory fd on next use."""
+    lock = ref()
+    if lock is not None:
+        lock._threads = threading.Lock()  # a copy taken mid-save would stay locked
+        lock._drop_fd()
 
 
 class FileCheckpointStore:
@@ -125,6 +193,10 @@ class FileCheckpointStore:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.serializer = serializer
         self._clock = clock
+        self._dir_path = os.fspath(self.directory)
+        self._temp_seq = itertools.count()
+        self._files: dict[str, str] = {}
+        self._lock = _DirectoryLock(self._dir_path)
         if stale_temp_s is not None:
             self.remove_stale_temp_files(stale_temp_s)
 
@@ -133,25 +205,35 @@ class FileCheckpointStore:
 
     def path_for(self, task_id: str) -> Path:
         """The file that holds ``task_id``'s checkpoint (always inside the directory)."""
-        return self.directory / (encode_task_id(task_id) + SUFFIX)
+        return Path(self._file_for(task_id))
+
+    def _file_for(self, task_id: str) -> str:
+        # A plain string, cached: a task saves after every call, and building a Path
+        # each time costs more than the flock.
+        file = self._files.get(task_id)
+        if file is None:
+            if len(self._files) >= _FILE_CACHE_MAX:
+                self._files.clear()
+            file = self._files[task_id] = f"{self._dir_path}{os.sep}{encode_task_id(task_id)}{SUFFIX}"
+        return file
 
     # -- public API ------------------------------------------------------------------------
 
     def save(self, cp: TaskCheckpoint, *, force: bool = False) -> int:
-        path = self.path_for(cp.task_id)
+        path = self._file_for(cp.task_id)
         now = self._clock()
         new = cp.version + 1
         if not force:  # serialize before taking the lock: other writers wait less
-            body, digest = encode(cp, new, now, cp.serializer or self.serializer)
-        with self._locked() as dir_fd:
+            body, digest = encode_parts(cp, new, now, cp.serializer or self.serializer)
+        with self._lock as dir_fd:
             stored = self._stored_version(path, cp.task_id, force)
             if force:
                 new = max(stored, cp.version) + 1
-                body, digest = encode(cp, new, now, cp.serializer or self.serializer)
+                body, digest = encode_parts(cp, new, now, cp.serializer or self.serializer)
             elif stored != cp.version:
                 raise CheckpointConflictError(cp.task_id, cp.version, stored)
-            header = b'{"lg_checkpoint":1,"version":%d,"crc32":"%s","checkpoint":' % (new, digest.encode())
-            self._replace(path, [header, body, b"}"], dir_fd)
+            header = b'{"lg_checkpoint":2,"version":%d,"xxh3":"%s","checkpoint":' % (new, digest.encode())
+            self._replace(path, [header, *body, b"}"], dir_fd)
         cp.version = new
         cp.updated_at = now
         return new
@@ -169,7 +251,7 @@ class FileCheckpointStore:
 
     def delete(self, task_id: str) -> bool:
         path = self._existing_path(task_id)
-        with self._locked() as dir_fd:
+        with self._lock as dir_fd:
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -201,7 +283,8 @@ class FileCheckpointStore:
         return sorted(ids)
 
     def close(self) -> None:
-        """Nothing to release: files are opened per operation."""
+        """Close the directory handle (the store reopens it if used again)."""
+        self._lock.close()
 
     def remove_stale_temp_files(self, older_than_s: float) -> int:
         """Delete temp files left by writers killed mid-save; returns how many.
@@ -232,24 +315,24 @@ class FileCheckpointStore:
                 return named
         return path
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[int]:
-        """An exclusive ``flock`` on the directory; yields the directory fd (for fsync).
+    def _open_temp(self) -> tuple[int, str]:
+        """A new, exclusively created temp file in the directory: ``(fd, path)``.
 
-        One lock per directory rather than per task: a lock file per task would have to
-        outlive its checkpoint (deleting a lock file others may hold is a race), and the
-        lock is held only for the check-and-replace, about one fsync.
+        Not ``tempfile.mkstemp``: it draws each name from a Python random generator and
+        costs ~25 us more, half of what the store adds to a bare write. The directory
+        lock already keeps writers apart, so pid + counter is unique; ``O_EXCL`` still
+        refuses the debris of a killed writer whose pid came back, and the next number
+        is tried.
         """
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            if sys.platform != "win32":
-                fcntl.flock(dir_fd, fcntl.LOCK_EX)
-            yield dir_fd
-        finally:
-            os.close(dir_fd)  # closing releases the flock
+        while True:
+            tmp = f"{self._dir_path}{os.sep}.tmp-{os.getpid()}-{next(self._temp_seq)}.part"
+            try:
+                return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
+            except FileExistsError:
+                continue
 
-    def _replace(self, path: Path, parts: builtins.list[bytes], dir_fd: int) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".part")
+    def _replace(self, path: str, parts: builtins.list[bytes], dir_fd: int) -> None:
+        fd, tmp = self._open_temp()
         try:
             try:
                 _writev_all(fd, parts)
@@ -263,7 +346,7 @@ class FileCheckpointStore:
             raise
         os.fsync(dir_fd)  # make the rename itself durable
 
-    def _stored_version(self, path: Path, task_id: str, force: bool) -> int:
+    def _stored_version(self, path: str, task_id: str, force: bool) -> int:
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -277,8 +360,8 @@ class FileCheckpointStore:
             return int(match.group(1))
         if force:
             return 0
-        data = path.read_bytes()
-        raise self._corrupted(task_id, path, data, "header is not a checkpoint header")
+        data = Path(path).read_bytes()
+        raise self._corrupted(task_id, Path(path), data, "header is not a checkpoint header")
 
     def _parse(self, task_id: str, data: bytes) -> TaskCheckpoint:
         match = _HEADER.match(data)

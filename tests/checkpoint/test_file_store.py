@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,7 +111,12 @@ def _empty(data: bytes) -> bytes:
     return b""
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_byte_in_body, _garbage, _empty])
+def _other_version(data: bytes) -> bytes:
+    # the checksum is seeded with the version: a changed counter is caught too
+    return data.replace(b'"version":1,', b'"version":7,', 1)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_byte_in_body, _garbage, _empty, _other_version])
 def test_corrupt_file_raises_keeps_original_and_quarantines_a_copy(tmp_path: Path, damage: object) -> None:
     store, path, good = _saved(tmp_path)
     bad = damage(good)  # type: ignore[operator]
@@ -165,6 +172,20 @@ def test_stale_temp_files_from_killed_writers_are_removed_on_open(tmp_path: Path
     assert not old.exists() and fresh.exists()
 
 
+def test_a_leftover_temp_file_with_our_name_is_neither_reused_nor_touched(tmp_path: Path) -> None:
+    # A killed writer whose pid came back to us left its temp file: the save must pick
+    # another name rather than write into (or truncate) the leftover.
+    store = FileCheckpointStore(tmp_path)
+    leftover = tmp_path / f".tmp-{os.getpid()}-0.part"
+    leftover.write_bytes(b"partial")
+    cp = TaskCheckpoint(task_id="t")
+    cp.record_success("k", "v")
+    store.save(cp)
+    assert leftover.read_bytes() == b"partial"
+    loaded = store.load("t")
+    assert loaded is not None and loaded.get_result("k") == (True, "v")
+
+
 def test_long_ids_are_listed_from_the_file_contents(tmp_path: Path) -> None:
     store = FileCheckpointStore(tmp_path)
     long_id = "step/" * 100
@@ -196,3 +217,33 @@ def test_a_corrupt_checkpoint_of_a_long_id_is_listed_by_its_file_stem(tmp_path: 
     assert not path.exists()
     assert store.list() == ["short"]
     assert store.load(stem) is None
+
+
+def _increment(store: FileCheckpointStore, times: int) -> None:
+    for _ in range(times):
+        while True:
+            cp = store.load("counter")
+            assert cp is not None
+            cp.step += 1
+            try:
+                store.save(cp)
+                break
+            except CheckpointConflictError:
+                continue
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
+def test_forked_children_using_the_parents_store_lose_no_update(tmp_path: Path) -> None:
+    # The store keeps its directory open between saves; a forked child must not share
+    # the parent's open directory (flock would then let both in at once).
+    store = FileCheckpointStore(tmp_path)
+    store.save(TaskCheckpoint(task_id="counter"))
+    children = [multiprocessing.get_context("fork").Process(target=_increment, args=(store, 25)) for _ in range(3)]
+    for child in children:
+        child.start()
+    _increment(store, 25)
+    for child in children:
+        child.join(60)
+    assert [child.exitcode for child in children] == [0, 0, 0]
+    final = store.load("counter")
+    assert final is not None and final.step == 100

@@ -89,15 +89,18 @@ def test_force_overwrites_and_stays_ahead(store: CheckpointStore) -> None:
     assert loaded is not None and loaded.step == 0 and loaded.version == version == 2
 
 
-def test_concurrent_writers_lose_no_update(make_store: StoreFactory) -> None:
-    """Load-modify-save with retry on conflict, from several threads and store instances:
-    every increment survives (a lost update would show as a smaller count)."""
+@pytest.mark.parametrize("one_instance", [False, True], ids=["instance-per-thread", "shared-instance"])
+def test_concurrent_writers_lose_no_update(make_store: StoreFactory, one_instance: bool) -> None:
+    """Load-modify-save with retry on conflict, from several threads, each with its own
+    store instance or all sharing one: every increment survives (a lost update would
+    show as a smaller count)."""
     writers, increments = 4, 15
-    make_store().save(TaskCheckpoint(task_id="counter"))
+    shared = make_store()
+    shared.save(TaskCheckpoint(task_id="counter"))
     errors: list[BaseException] = []
 
     def work(idx: int) -> None:
-        store = make_store()
+        store = shared if one_instance else make_store()
         try:
             for _ in range(increments):
                 while True:

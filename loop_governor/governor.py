@@ -48,13 +48,14 @@ from loop_governor.scope import _CALL_META, _SCOPE, TaskScope, call_key
 from loop_governor.stores import Store, store_from_url
 
 if TYPE_CHECKING:
-    from loop_governor.checkpoint import CheckpointStore, TaskCheckpoint
+    from loop_governor.checkpoint import CheckpointStore
 
 T = TypeVar("T")
 _CHECKPOINT_SAVE_ATTEMPTS = 3
 _MISSING: Any = object()
 
 Subscriber = Callable[[dict[str, Any]], None]
+
 
 class Governor:
     """Governs tool calls. Thread- and asyncio-safe; one per process is typical."""
@@ -436,7 +437,7 @@ class Governor:
         if scope is None:
             return result
         if scope.checkpoint is not None and key is not None:
-            self._checkpoint_success(scope, scope.checkpoint, key, result)
+            self._checkpoint_success(scope, key, result)
         verdict = scope.progress.observe(tool, result_text(result), lambda: key or call_key(tool, args, kwargs))
         if verdict is OK:
             return result
@@ -593,9 +594,10 @@ class Governor:
             key = key or call_key(tool, args, kwargs)
             self.store.known_bad_put(scope.task_id, key, governed.model_dump_json())
             scope.known_bad += 1
-            if scope.checkpoint is not None:
-                scope.checkpoint.record_failure(key, governed)
-                self.save_checkpoint(scope)
+            with scope.checkpoint_lock:
+                if scope.checkpoint is not None:
+                    scope.checkpoint.record_failure(key, governed)
+                    self.save_checkpoint(scope)
         loop = self._guard_repeats(scope, governed)
         if loop is not None:
             return loop
@@ -603,17 +605,21 @@ class Governor:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def _checkpoint_success(self, scope: TaskScope, cp: TaskCheckpoint, key: str, result: Any) -> None:
+    def _checkpoint_success(self, scope: TaskScope, key: str, result: Any) -> None:
         from loop_governor.checkpoint import CheckpointSerializationError
 
-        try:
-            cp.record_success(key, result)
-        except CheckpointSerializationError as exc:
-            # The call succeeded; failing the agent because its result isn't JSON would
-            # be worse than not skipping it on resume. Say so in the trace instead.
-            self.emit("checkpoint_skipped", call_key=key, reason=str(exc))
-            return
-        self.save_checkpoint(scope)
+        with scope.checkpoint_lock:
+            cp = scope.checkpoint  # read under the lock: a concurrent save may have merged
+            if cp is None:
+                return
+            try:
+                cp.record_success(key, result)
+            except CheckpointSerializationError as exc:
+                # The call succeeded; failing the agent because its result isn't JSON would
+                # be worse than not skipping it on resume. Say so in the trace instead.
+                self.emit("checkpoint_skipped", call_key=key, reason=str(exc))
+                return
+            self.save_checkpoint(scope)
 
     def save_checkpoint(self, scope: TaskScope) -> None:
         """Save the task's checkpoint atomically, merging with a concurrent writer.
@@ -622,39 +628,40 @@ class Governor:
         it because the checkpoint store is down (Redis gone, disk full) would lose the
         result too. Failures become ``checkpoint_failed`` events.
         """
-        cp, store = scope.checkpoint, self.checkpoints
-        if cp is None or store is None:
-            return
-        from loop_governor.checkpoint import CheckpointConflictError
+        with scope.checkpoint_lock:
+            cp, store = scope.checkpoint, self.checkpoints
+            if cp is None or store is None:
+                return
+            from loop_governor.checkpoint import CheckpointConflictError
 
-        cp.step = max(cp.step, scope.steps)
-        try:
-            for attempt in range(_CHECKPOINT_SAVE_ATTEMPTS):
-                try:
-                    version = store.save(cp)
-                    break
-                except CheckpointConflictError:
-                    if attempt == _CHECKPOINT_SAVE_ATTEMPTS - 1:
-                        raise
-                    latest = store.load(scope.task_id)
-                    if latest is None:  # deleted meanwhile: ours is all there is
-                        version = store.save(cp, force=True)
+            cp.step = max(cp.step, scope.steps)
+            try:
+                for attempt in range(_CHECKPOINT_SAVE_ATTEMPTS):
+                    try:
+                        version = store.save(cp)
                         break
-                    # Another writer of the same task: keep both sides' work.
-                    latest.completed.update(cp.completed)
-                    latest.known_bad.update(cp.known_bad)
-                    latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
-                    latest.metadata.update(cp.metadata)
-                    latest.step = max(latest.step, cp.step)
-                    scope.checkpoint = cp = latest
-                    scope.results = latest.results
-                    scope.results_saved = len(latest.results)
-        except Exception as exc:
-            self.checkpoint_failures += 1
-            self.emit("checkpoint_failed", error=redact(f"{type(exc).__name__}: {exc}")[:500], step=scope.steps)
-            return
-        scope.results_saved = len(scope.results)
-        self.emit("checkpoint_saved", version=version, step=scope.steps)
+                    except CheckpointConflictError:
+                        if attempt == _CHECKPOINT_SAVE_ATTEMPTS - 1:
+                            raise
+                        latest = store.load(scope.task_id)
+                        if latest is None:  # deleted meanwhile: ours is all there is
+                            version = store.save(cp, force=True)
+                            break
+                        # Another writer of the same task: keep both sides' work.
+                        latest.completed.update(cp.completed)
+                        latest.known_bad.update(cp.known_bad)
+                        latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
+                        latest.metadata.update(cp.metadata)
+                        latest.step = max(latest.step, cp.step)
+                        scope.checkpoint = cp = latest
+                        scope.results = latest.results
+                        scope.results_saved = len(latest.results)
+            except Exception as exc:
+                self.checkpoint_failures += 1
+                self.emit("checkpoint_failed", error=redact(f"{type(exc).__name__}: {exc}")[:500], step=scope.steps)
+                return
+            scope.results_saved = len(scope.results)
+            self.emit("checkpoint_saved", version=version, step=scope.steps)
 
     def _guard_repeats(self, scope: TaskScope | None, info: GovernedError) -> LoopDetectedError | None:
         """Same tool, same error signature, N times in one task: tell the model to stop."""

@@ -12,6 +12,7 @@ after every tool call: on a 0.5 MB checkpoint XXH3 takes ~9 us where zlib's CRC-
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 import xxhash
@@ -52,9 +53,16 @@ def encode_parts(
     return parts, digest.hexdigest()
 
 
+def legacy_checksum(version: int, body: bytes) -> str:
+    """The CRC-32 (8 hex digits) that loop-governor wrote before XXH3; still verified on load."""
+    crc = zlib.crc32(body, zlib.crc32(str(version).encode() + b"\n"))
+    return f"{crc:08x}"
+
+
 def decode(task_id: str, version: int, digest: str, body: bytes) -> TaskCheckpoint:
     """Verify and parse a stored record; raises :class:`CorruptData` or a schema error."""
-    if checksum(version, body) != digest:
+    expected = legacy_checksum(version, body) if len(digest) == 8 else checksum(version, body)
+    if expected != digest:
         raise CorruptData("checksum mismatch (torn or modified data)")
     try:
         doc: Any = json.loads(body)

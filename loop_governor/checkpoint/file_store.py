@@ -30,6 +30,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from loop_governor.checkpoint.base import check_task_id
 from loop_governor.checkpoint.codec import CorruptData, decode, encode_parts
@@ -41,7 +42,11 @@ if sys.platform != "win32":
 
 SUFFIX = ".ckpt.json"
 QUARANTINE_DIR = ".quarantine"
-_HEADER = re.compile(rb'\{"lg_checkpoint":2,"version":(\d{1,19}),"xxh3":"([0-9a-f]{16})","checkpoint":')
+# Layout 2 (XXH3) is written; layout 1 (CRC-32), from earlier releases, is still read.
+_HEADER = re.compile(
+    rb'\{"lg_checkpoint":(?:2,"version":(\d{1,19}),"xxh3":"([0-9a-f]{16})"'
+    rb'|1,"version":(\d{1,19}),"crc32":"([0-9a-f]{8})"),"checkpoint":'
+)
 _HEADER_MAX = 160
 _FILE_CACHE_MAX = 4096
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -96,6 +101,12 @@ def decode_task_id(stem: str) -> str | None:
         return None
 
 
+def _header_fields(match: re.Match[bytes]) -> tuple[int, str]:
+    """``(version, checksum)`` from a header match of either layout."""
+    version, digest = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    return int(version), digest.decode()
+
+
 def _writev_all(fd: int, parts: builtins.list[bytes]) -> None:
     """Write ``parts`` in order with ``writev`` (no joined copy of a large body)."""
     start = 0
@@ -134,9 +145,7 @@ class _DirectoryLock:
         self._fd = -1
         self._threads = threading.Lock()
         self._finalizer: weakref.finalize[[int], _DirectoryLock] | None = None
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-            os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+        _LIVE_LOCKS.add(self)
 
     def __enter__(self) -> int:
         self._threads.acquire()
@@ -166,15 +175,27 @@ class _DirectoryLock:
         if self._finalizer is not None:
             self._finalizer()  # closes the fd (in a forked child: the child's copy only)
             self._finalizer = None
+        elif self._fd >= 0:  # forked between the open and its finalizer
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
         self._fd = -1
 
+    def after_fork_in_child(self) -> None:
+        """A lock of its own, and its own directory fd on next use."""
+        self._threads = threading.Lock()  # a copy taken mid-save would stay locked
+        self._drop_fd()
 
-def _after_fork(ref: weakref.ref[_DirectoryLock]) -> None:
-    """In a forked child: a lock of its own, and its own directory fd on next use."""
-    lock = ref()
-    if lock is not None:
-        lock._threads = threading.Lock()  # a copy taken mid-save would stay locked
-        lock._drop_fd()
+
+_LIVE_LOCKS: weakref.WeakSet[_DirectoryLock] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_LIVE_LOCKS):
+        lock.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # one hook for every store (not one per store: those are never removed)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class FileCheckpointStore:
@@ -188,7 +209,9 @@ class FileCheckpointStore:
         clock: Callable[[], float] = time.time,
         stale_temp_s: float | None = 3600.0,
     ) -> None:
-        self.directory = Path(directory)
+        # Absolute: the directory stays open between saves, so a relative path followed
+        # by os.chdir would lock one directory and write into another.
+        self.directory = Path(os.path.abspath(directory))
         # 0o700: checkpoints hold tool results, which are nobody else's business.
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.serializer = serializer
@@ -202,6 +225,16 @@ class FileCheckpointStore:
 
     def __repr__(self) -> str:
         return f"FileCheckpointStore({str(self.directory)!r})"
+
+    # The directory fd, the thread lock and the caches belong to one process: a store
+    # handed to a worker process (spawn, ProcessPoolExecutor) is rebuilt there.
+    def __getstate__(self) -> dict[str, object]:
+        return {"directory": self.directory, "serializer": self.serializer, "clock": self._clock}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["directory"], serializer=state["serializer"], clock=state["clock"], stale_temp_s=None
+        )
 
     def path_for(self, task_id: str) -> Path:
         """The file that holds ``task_id``'s checkpoint (always inside the directory)."""
@@ -319,10 +352,10 @@ class FileCheckpointStore:
         """A new, exclusively created temp file in the directory: ``(fd, path)``.
 
         Not ``tempfile.mkstemp``: it draws each name from a Python random generator and
-        costs ~25 us more, half of what the store adds to a bare write. The directory
-        lock already keeps writers apart, so pid + counter is unique; ``O_EXCL`` still
-        refuses the debris of a killed writer whose pid came back, and the next number
-        is tried.
+        costs ~25 us more, half of what the store adds to a bare write. ``O_EXCL`` is
+        what keeps names safe: a name already taken (another store instance in this
+        process, or the debris of a killed writer whose pid came back) is refused and
+        the next number is tried; pid + counter only makes that rare.
         """
         while True:
             tmp = f"{self._dir_path}{os.sep}.tmp-{os.getpid()}-{next(self._temp_seq)}.part"
@@ -357,7 +390,7 @@ class FileCheckpointStore:
             os.close(fd)
         match = _HEADER.match(head)
         if match:
-            return int(match.group(1))
+            return _header_fields(match)[0]
         if force:
             return 0
         data = Path(path).read_bytes()
@@ -368,7 +401,8 @@ class FileCheckpointStore:
         if not match or not data.endswith(b"}"):
             raise CorruptData("not a checkpoint file (header or trailer missing)")
         body = data[match.end() : -1]
-        return decode(task_id, int(match.group(1)), match.group(2).decode(), body)
+        version, digest = _header_fields(match)
+        return decode(task_id, version, digest, body)
 
     def _id_from_file(self, path: Path) -> str | None:
         try:

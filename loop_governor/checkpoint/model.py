@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -137,9 +137,7 @@ class TaskCheckpoint(BaseModel):
     serializer: Serializer | None = Field(default=None, exclude=True, repr=False)
 
     # completed, known_bad, results
-    _sections: tuple[_Section, _Section, _Section] = PrivateAttr(
-        default_factory=lambda: (_Section(keyed=True), _Section(keyed=True), _Section(keyed=False))
-    )
+    _sections: tuple[_Section, _Section, _Section] = PrivateAttr(default_factory=lambda: _new_sections())
 
     @field_validator("task_id")
     @classmethod
@@ -187,6 +185,17 @@ class TaskCheckpoint(BaseModel):
 
     # -- what the stores call ------------------------------------------------------------
 
+    def _encoded_sections(self) -> tuple[_Section, _Section, _Section]:
+        # Private attributes are looked up through BaseModel.__getattr__ (~2 us, on
+        # every save); their dict is direct.
+        private = self.__pydantic_private__
+        sections = None if private is None else private.get("_sections")
+        if sections is None:  # built without pydantic's init (e.g. an old pickle): start afresh
+            sections = _new_sections()
+            if private is not None:
+                private["_sections"] = sections
+        return sections
+
     def encode_body(self, updated_at: float | None, serializer: Serializer | None = None) -> bytes:
         """The JSON body stores write (ASCII bytes): redacted, validated, no ``version``."""
         return b"".join(self.encode_parts(updated_at, serializer))
@@ -207,18 +216,18 @@ class TaskCheckpoint(BaseModel):
         every time.
         """
         ser = self.serializer or serializer
-        # Private attributes are looked up through BaseModel.__getattr__ (~2 us, on
-        # every save); their dict is direct.
-        private = self.__pydantic_private__
-        assert private is not None  # pydantic sets it on every model with private attributes
-        completed_section, known_bad_section, results_section = private["_sections"]
+        completed_section, known_bad_section, results_section = self._encoded_sections()
+        # Each section is copied in one C-level step before it is read, so a thread
+        # editing the checkpoint meanwhile cannot pair one state's keys with another's
+        # values (a dict copy is also cheaper than building an item tuple per entry).
+        completed_copy, known_bad_copy = self.completed.copy(), self.known_bad.copy()
         completed = completed_section.encode(
-            tuple(self.completed), tuple(self.completed.values()), ser, "completed", _plain
+            tuple(completed_copy), tuple(completed_copy.values()), ser, "completed", _plain
         )
         known_bad = known_bad_section.encode(
-            tuple(self.known_bad), tuple(self.known_bad.values()), None, "known_bad", _error_doc
+            tuple(known_bad_copy), tuple(known_bad_copy.values()), None, "known_bad", _error_doc
         )
-        results = results_section.encode((), tuple(self.results), ser, "results", _plain)
+        results = results_section.encode(None, tuple(self.results), ser, "results", _plain)
         return [
             b'{"schema_version":%d,"task_id":%s,"step":%d,"updated_at":%s,"completed":{'
             % (
@@ -259,65 +268,75 @@ def _error_doc(value: Any, serializer: Serializer | None, where: str) -> JsonVal
 class _Section:
     """The encoded bytes of one checkpoint section, reused while the section only grows.
 
-    Written by hand because no serializer caches by identity: a save checks the cached
-    keys and values (C-speed tuple comparisons, ~5 ns an entry) and encodes only
-    entries appended since. Holding the values (not their ``id``) keeps a recycled id
-    from matching a different object. A section changed anywhere else is rebuilt from
-    the per-entry fragment cache, so only the changed entries are encoded again.
+    Written by hand because no serializer caches by identity: a save compares the
+    section's keys and values with those it last encoded (C-speed tuple comparisons,
+    values by identity) and encodes only entries appended since. Holding the values
+    (not their ``id``) keeps a recycled id from matching a different object. A section
+    changed anywhere else is rebuilt from the per-entry fragment cache, so only the
+    changed entries are encoded again. Keys, values and bytes are one tuple, read and
+    replaced whole, so concurrent saves of one checkpoint never mix states.
     """
 
-    __slots__ = ("cache", "data", "keys", "values")
+    __slots__ = ("cache", "state")
 
-    def __init__(self, *, keyed: bool) -> None:
-        self.keys: tuple[str, ...] = ()
-        self.values: tuple[object, ...] = ()
-        self.data = b""
-        # A keyed section's "key":value fragments by key; a list section has none.
-        self.cache: dict[str, tuple[object, bytes]] | None = {} if keyed else None
+    def __init__(self) -> None:
+        self.state: tuple[tuple[str, ...] | None, tuple[object, ...], bytes] = (None, (), b"")
+        # entry key (dict key, or list index) -> (value, fragment)
+        self.cache: dict[str | int, tuple[object, bytes]] = {}
 
     def encode(
         self,
-        keys: tuple[str, ...],
+        keys: tuple[str, ...] | None,
         values: tuple[object, ...],
         serializer: Serializer | None,
         section: str,
         convert: Callable[[Any, Serializer | None, str], JsonValue],
     ) -> bytes:
-        """The comma-joined entries (``"key":value`` when keyed, else list items)."""
-        cache = self.cache
-        n = len(self.values)
-        if len(values) >= n and keys[:n] == self.keys and all(map(operator.is_, values, self.values)):
+        """The comma-joined entries: ``"key":value`` pairs, or list items when ``keys`` is None."""
+        cached_keys, cached_values, data = self.state
+        n = len(cached_values)
+        if (
+            len(values) >= n
+            and (keys is None or keys[:n] == cached_keys or n == 0)
+            and all(map(operator.is_, values, cached_values))
+        ):
             if len(values) == n:
-                return self.data
-            start, head = n, [self.data] if n else []
+                return data
+            start, head = n, [data] if n else []
         else:
             start, head = 0, []
-        if cache is None:
-            new = [_dump(convert(v, serializer, f"{section}[{i}]")) for i, v in enumerate(values[start:], start)]
-        else:
-            new = [
-                _entry(k, v, cache, serializer, section, convert)
-                for k, v in zip(keys[start:], values[start:], strict=True)
-            ]
-            if start == 0 and len(cache) > len(keys):  # drop fragments of removed keys
-                for key in cache.keys() - set(keys):
-                    del cache[key]
-        self.keys, self.values, self.data = keys, values, b",".join(head + new)
-        return self.data
+        entry_keys: Sequence[str | int] = range(len(values)) if keys is None else keys
+        new = [
+            self._entry(entry_keys[i], values[i], keys is not None, serializer, section, convert)
+            for i in range(start, len(values))
+        ]
+        cache = self.cache
+        if start == 0 and len(cache) > len(values):  # drop fragments of removed entries
+            for key in cache.keys() - set(entry_keys):
+                cache.pop(key, None)
+        data = b",".join(head + new)
+        self.state = (keys, values, data)
+        return data
+
+    def _entry(
+        self,
+        key: str | int,
+        value: Any,
+        keyed: bool,
+        serializer: Serializer | None,
+        section: str,
+        convert: Callable[[Any, Serializer | None, str], JsonValue],
+    ) -> bytes:
+        """One entry's fragment, from the cache when the value is the same object."""
+        hit = self.cache.get(key)
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        encoded = _dump(convert(value, serializer, f"{section}[{key!r}]"))
+        frag = _dump(storage_key(str(key))) + b":" + encoded if keyed else encoded
+        self.cache[key] = (value, frag)
+        return frag
 
 
-def _entry(
-    key: str,
-    value: Any,
-    cache: dict[str, tuple[object, bytes]],
-    serializer: Serializer | None,
-    section: str,
-    convert: Callable[[Any, Serializer | None, str], JsonValue],
-) -> bytes:
-    """One ``"key":value`` fragment, from ``cache`` when the value is the same object."""
-    hit = cache.get(key)
-    if hit is not None and hit[0] is value:
-        return hit[1]
-    frag = _dump(storage_key(key)) + b":" + _dump(convert(value, serializer, f"{section}[{key!r}]"))
-    cache[key] = (value, frag)
-    return frag
+def _new_sections() -> tuple[_Section, _Section, _Section]:
+    """Encoding state for ``completed``, ``known_bad`` and ``results``."""
+    return _Section(), _Section(), _Section()

@@ -9,6 +9,8 @@ does not grow with the conversation).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +34,23 @@ _LEDGER_LINE = re.compile(r"^- \[(DONE|PENDING)\] R(\d+): (.*)$")
 
 
 @dataclass
+class _Round:
+    """A summary round planned but not yet answered.
+
+    The ledger is built aside and adopted only in ``_commit``, once the model has
+    answered: a failed model call followed by a retry must not add the same requests
+    twice. Shared by ``summarize`` and ``asummarize``, which differ only in the call.
+    """
+
+    msgs: list[Any]
+    head_end: int
+    cut: int
+    kept: list[Any]
+    requests: list[UserRequest]
+    prompt: str
+
+
+@dataclass
 class UserRequest:
     """One user request seen in the folded turns (``done`` once the model says so)."""
 
@@ -50,6 +69,14 @@ def _reply_text(reply: Any) -> str:
         return reply
     content = getattr(reply, "content", reply)
     return text_of(content) if not isinstance(content, str) else content
+
+
+def _chat(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
+
+
+def _is_async_callable(model: Any) -> bool:
+    return inspect.iscoroutinefunction(model) or inspect.iscoroutinefunction(type(model).__call__)
 
 
 def _one_line(text: str) -> str:
@@ -133,11 +160,23 @@ class IncrementalSummarizer:
 
     def _ask(self, prompt: str) -> str:
         if hasattr(self.model, "invoke"):
-            reply = self.model.invoke(
-                [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
-            )
+            reply = self.model.invoke(_chat(prompt))
         elif callable(self.model):
             reply = self.model(f"{SYSTEM_PROMPT}\n\n{prompt}")
+        else:
+            raise TypeError("model must have .invoke(messages) or be a callable str -> str")
+        return _reply_text(reply)
+
+    async def _aask(self, prompt: str) -> str:
+        """:meth:`_ask` without blocking the event loop: ``ainvoke`` or an async callable
+        is awaited, a synchronous model runs in a worker thread."""
+        model = self.model
+        if hasattr(model, "ainvoke"):
+            reply = await model.ainvoke(_chat(prompt))
+        elif hasattr(model, "invoke") or (callable(model) and not _is_async_callable(model)):
+            return await asyncio.to_thread(self._ask, prompt)
+        elif callable(model):
+            reply = await model(f"{SYSTEM_PROMPT}\n\n{prompt}")
         else:
             raise TypeError("model must have .invoke(messages) or be a callable str -> str")
         return _reply_text(reply)
@@ -161,6 +200,16 @@ class IncrementalSummarizer:
     def summarize(self, messages: Sequence[Any]) -> list[Any]:
         """``messages`` with old turns folded into the summary, or a copy of the list
         unchanged when under ``trigger_tokens``. Never mutates the given messages."""
+        plan = self._plan(messages)
+        return plan if isinstance(plan, list) else self._commit(plan, self._ask(plan.prompt))
+
+    async def asummarize(self, messages: Sequence[Any]) -> list[Any]:
+        """:meth:`summarize` for async agents: the model call does not block the loop."""
+        plan = self._plan(messages)
+        return plan if isinstance(plan, list) else self._commit(plan, await self._aask(plan.prompt))
+
+    def _plan(self, messages: Sequence[Any]) -> list[Any] | _Round:
+        """Everything before the model call: the messages unchanged, or the round to ask."""
         msgs = list(messages)
         if not msgs or sum(self._count(m) for m in msgs) <= self.trigger_tokens:
             return msgs
@@ -225,7 +274,11 @@ class IncrementalSummarizer:
             f"Previous summary:\n{self.summary or '(none)'}\n\nUser requests so far:\n{ledger}\n\n"
             f"New messages to fold into the summary:\n{new_turns}"
         )
-        reply = self._ask(prompt)
+        return _Round(msgs, head_end, cut, kept, requests, prompt)
+
+    def _commit(self, plan: _Round, reply: str) -> list[Any]:
+        """The model answered: adopt the new ledger and summary, build the new messages."""
+        msgs, head_end, requests = plan.msgs, plan.head_end, plan.requests
         done_ids: set[int] = set()
         for match in _DONE_LINE.finditer(reply):
             done_ids.update(int(x) for x in _REQ_ID.findall(match.group(1)))
@@ -234,8 +287,9 @@ class IncrementalSummarizer:
         self.requests = requests
         self.summary = _DONE_LINE.sub("", reply).strip()
         self.rounds += 1
-        summary_msg = codecs[head_end - 1].new_user(first_user, self.render_summary())
-        return [*msgs[:head_end], summary_msg, *kept, *msgs[cut:]]
+        first_user = msgs[head_end - 1]
+        summary_msg = codec_for(first_user).new_user(first_user, self.render_summary())
+        return [*msgs[:head_end], summary_msg, *plan.kept, *msgs[plan.cut :]]
 
     __call__ = summarize
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import pickle
 import stat
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from loop_governor.checkpoint import (
     FileCheckpointStore,
     TaskCheckpoint,
 )
+from loop_governor.checkpoint.codec import legacy_checksum
 from loop_governor.checkpoint.file_store import decode_task_id, encode_task_id
 
 HOSTILE = [
@@ -247,3 +249,52 @@ def test_forked_children_using_the_parents_store_lose_no_update(tmp_path: Path) 
     assert [child.exitcode for child in children] == [0, 0, 0]
     final = store.load("counter")
     assert final is not None and final.step == 100
+
+
+def test_checkpoints_written_before_the_xxh3_checksum_still_load_and_are_saved_over(tmp_path: Path) -> None:
+    # Layout 1 (CRC-32 header) is what earlier releases wrote: a task in flight during
+    # the upgrade must resume, not be quarantined as corrupt.
+    old = TaskCheckpoint(task_id="t")
+    old.record_success("search:1", {"hits": 3})
+    body = old.encode_body(1.0)
+    header = b'{"lg_checkpoint":1,"version":4,"crc32":"%s","checkpoint":' % legacy_checksum(4, body).encode()
+    store = FileCheckpointStore(tmp_path)
+    store.path_for("t").write_bytes(header + body + b"}")
+    loaded = store.load("t")
+    assert loaded is not None and loaded.version == 4 and loaded.get_result("search:1") == (True, {"hits": 3})
+    loaded.step = 5
+    assert store.save(loaded) == 5
+    assert store.path_for("t").read_bytes().startswith(b'{"lg_checkpoint":2,"version":5,"xxh3":"')
+    # a damaged layout-1 file is still caught
+    store.path_for("t").write_bytes(header + body.replace(b"3", b"4") + b"}")
+    with pytest.raises(CheckpointCorruptedError):
+        store.load("t")
+
+
+def test_a_store_can_be_handed_to_a_worker_process(tmp_path: Path) -> None:
+    # spawn / ProcessPoolExecutor pickle the store: the copy gets its own directory
+    # handle and lock, and sees the same checkpoints.
+    store = FileCheckpointStore(tmp_path)
+    store.save(TaskCheckpoint(task_id="t"))
+    copy = pickle.loads(pickle.dumps(store))
+    cp = copy.load("t")
+    assert cp is not None
+    cp.step = 2
+    copy.save(cp)
+    reloaded = store.load("t")
+    assert reloaded is not None and reloaded.step == 2 and reloaded.version == 2
+
+
+def test_a_relative_directory_stays_the_same_directory_after_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    store = FileCheckpointStore("ck")
+    store.save(TaskCheckpoint(task_id="t"))
+    monkeypatch.chdir(tmp_path / "b")  # the store keeps its directory open meanwhile
+    cp = store.load("t")
+    assert cp is not None
+    store.save(cp)
+    assert (tmp_path / "a" / "ck" / "t.ckpt.json").exists() and not (tmp_path / "b" / "ck").exists()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import sys
+import threading
 
 import pytest
 from hypothesis import assume, example, given, settings
@@ -290,3 +292,37 @@ def test_saves_after_any_edits_encode_what_a_fresh_copy_encodes(ops: list[tuple[
         if op == "save" or i == len(ops) - 1:
             fresh = TaskCheckpoint.model_validate(cp.model_dump())
             assert cp.encode_body(1.0) == fresh.encode_body(1.0)
+
+
+def _encode_until(cp: TaskCheckpoint, stop: threading.Event, errors: list[BaseException]) -> None:
+    while not stop.is_set():
+        try:
+            cp.encode_body(1.0)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+
+def test_a_checkpoint_saved_while_another_thread_records_still_encodes_its_content() -> None:
+    # Parallel tool calls record into one task checkpoint while another call saves it:
+    # the encoding reused between saves must never pair one state's keys with another
+    # state's values or bytes, not even transiently.
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for _ in range(20):
+            cp = TaskCheckpoint(task_id="t")
+            stop = threading.Event()
+            errors: list[BaseException] = []
+
+            thread = threading.Thread(target=_encode_until, args=(cp, stop, errors))
+            thread.start()
+            for i in range(150):
+                cp.add_result(i)
+                cp.record_success(f"k{i}", i)
+                cp.encode_body(1.0)
+            stop.set()
+            thread.join()
+            assert errors == []
+            assert cp.encode_body(1.0) == TaskCheckpoint.model_validate(cp.model_dump()).encode_body(1.0)
+    finally:
+        sys.setswitchinterval(old_interval)

@@ -17,6 +17,7 @@ from loop_governor.checkpoint import (
     TaskCheckpoint,
     checkpoint_store_from_url,
 )
+from loop_governor.checkpoint.codec import legacy_checksum
 
 
 def test_sqlite_uses_wal(tmp_path: Path) -> None:
@@ -108,3 +109,15 @@ def test_store_urls(tmp_path: Path) -> None:
     for bad in ("ftp://x", "file://otherhost/dir", "sqlite://", "nonsense"):
         with pytest.raises(ValueError):
             checkpoint_store_from_url(bad)
+
+
+def test_sqlite_rows_with_the_earlier_crc32_checksum_still_load(tmp_path: Path) -> None:
+    store = SQLiteCheckpointStore(tmp_path / "c.db")
+    cp = TaskCheckpoint(task_id="t")
+    cp.add_result("kept")
+    store.save(cp)
+    with sqlite3.connect(tmp_path / "c.db") as db:  # as an earlier release stored it
+        body = db.execute("SELECT body FROM lg_checkpoints").fetchone()[0]
+        db.execute("UPDATE lg_checkpoints SET checksum = ?", (legacy_checksum(1, body),))
+    loaded = store.load("t")
+    assert loaded is not None and loaded.results == ["kept"]

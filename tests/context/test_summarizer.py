@@ -3,6 +3,8 @@ each round only sends the previous summary and the new turns."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -16,11 +18,26 @@ class ScriptedModel:
     def __init__(self, replies: list[str]) -> None:
         self.replies = list(replies)
         self.prompts: list[str] = []
+        self.threads: list[int] = []
+        self.async_calls = 0
 
     def invoke(self, messages: list[dict[str, str]]) -> Any:
         self.prompts.append(messages[-1]["content"])
+        self.threads.append(threading.get_ident())
         reply = self.replies.pop(0)
         return type("Reply", (), {"content": reply})()
+
+
+class AsyncScriptedModel(ScriptedModel):
+    """Also has ``ainvoke``, which ``asummarize`` must prefer."""
+
+    async def ainvoke(self, messages: list[dict[str, str]]) -> Any:
+        self.async_calls += 1
+        return self.invoke(messages)
+
+
+def _fold(summ: IncrementalSummarizer, msgs: list[Any], mode: str) -> list[Any]:
+    return summ.summarize(msgs) if mode == "sync" else asyncio.run(summ.asummarize(msgs))
 
 
 def _turn(kind: Any, tag: str, request: str | None, size: int = 2000) -> list[Any]:
@@ -50,8 +67,9 @@ def _no_orphans(kind: Any, msgs: list[Any]) -> None:
     assert calls == results
 
 
-def test_pending_requests_survive_three_rounds(kind: Any) -> None:
-    model = ScriptedModel(
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_pending_requests_survive_three_rounds(kind: Any, mode: str) -> None:
+    model = AsyncScriptedModel(
         [
             "Explored the repo.\nDONE: none",
             "Wrote the CSV export.\nDONE: R2",
@@ -67,13 +85,14 @@ def test_pending_requests_survive_three_rounds(kind: Any) -> None:
         "d": "rename the tests folder",
     }
     msgs += _turn(kind, "t1", requests["a"]) + _turn(kind, "t2", None)
-    msgs = summ.summarize(msgs)
+    msgs = _fold(summ, msgs, mode)
     msgs += _turn(kind, "t3", requests["b"]) + _turn(kind, "t4", requests["c"])
-    msgs = summ.summarize(msgs)
+    msgs = _fold(summ, msgs, mode)
     msgs += _turn(kind, "t5", requests["d"]) + _turn(kind, "t6", None) + _turn(kind, "t7", None)
-    msgs = summ.summarize(msgs)
+    msgs = _fold(summ, msgs, mode)
 
     assert summ.rounds == 3
+    assert model.async_calls == (3 if mode == "async" else 0)
     text = _all_text(kind, msgs)
     by_text = {r.text: r for r in summ.requests}
     assert by_text[requests["a"]].done and by_text[requests["d"]].done
@@ -144,7 +163,8 @@ def test_request_with_any_line_separator_survives_a_restart(kind: Any) -> None:
     assert "then run the migration" not in fresh.summary
 
 
-def test_failed_model_call_then_retry_adds_each_request_once(kind: Any) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_failed_model_call_then_retry_adds_each_request_once(kind: Any, mode: str) -> None:
     calls: list[str] = []
 
     def flaky(prompt: str) -> str:
@@ -153,14 +173,32 @@ def test_failed_model_call_then_retry_adds_each_request_once(kind: Any) -> None:
             raise TimeoutError("model timed out")
         return "Summary.\nDONE: R2"
 
-    summ = IncrementalSummarizer(flaky, trigger_tokens=1000, keep_tokens=600)
+    async def flaky_async(prompt: str) -> str:  # an async callable is awaited, not threaded
+        return flaky(prompt)
+
+    summ = IncrementalSummarizer(flaky if mode == "sync" else flaky_async, trigger_tokens=1000, keep_tokens=600)
     msgs = [kind.system("s"), kind.user("main task")]
     msgs += _turn(kind, "t1", "please also email Bob") + _turn(kind, "t2", None)
     with pytest.raises(TimeoutError):
-        summ.summarize(msgs)
+        _fold(summ, msgs, mode)
     assert summ.requests == [] and summ.rounds == 0
-    out = summ.summarize(msgs)
+    out = _fold(summ, msgs, mode)
     assert [(r.id, r.done) for r in summ.requests] == [(1, False), (2, True)]
     assert summ.requests[1].text == "please also email Bob"
     assert calls[0] == calls[1]  # the retry sends the very same prompt
     assert _all_text(kind, out).count("please also email Bob") == 1
+
+
+def test_async_summarize_runs_a_sync_only_model_off_the_event_loop(kind: Any) -> None:
+    # A model with only .invoke would block every other task on the loop for the whole
+    # summary call: it runs on a worker thread instead.
+    model = ScriptedModel(["Summary.\nDONE: none"])
+    summ = IncrementalSummarizer(model, trigger_tokens=1000, keep_tokens=600)
+    msgs = [kind.system("s"), kind.user("main task"), *_turn(kind, "t1", "and then X"), *_turn(kind, "t2", None)]
+
+    async def run() -> tuple[list[Any], int]:
+        return await summ.asummarize(msgs), threading.get_ident()
+
+    out, loop_thread = asyncio.run(run())
+    assert summ.rounds == 1 and model.threads and model.threads[0] != loop_thread
+    assert "[PENDING] R2: and then X" in _all_text(kind, out)

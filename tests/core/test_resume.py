@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,25 @@ def test_merge_keeps_this_writers_metadata(tmp_path: Path, clock: VirtualClock) 
         b.add_result("B")  # conflicts with A's save: merged
     stored = FileCheckpointStore(tmp_path / "cps").load("job")
     assert stored is not None and stored.metadata.get("owner") == "worker-2"
+
+
+def test_parallel_calls_of_one_task_all_reach_the_checkpoint(tmp_path: Path, clock: VirtualClock) -> None:
+    # Parallel tool calls (LangGraph's ToolNode runs them on a thread pool) record into
+    # one task checkpoint: none of them may be lost to a concurrent save, or a resume
+    # would run it again.
+    ran: list[int] = []
+
+    def search(i: int) -> str:
+        ran.append(i)
+        return f"hits for {i}"
+
+    gov = _governor(tmp_path, clock)
+    with gov.task("job-1"), ThreadPoolExecutor(8) as pool:
+        context = contextvars.copy_context()  # the task scope, as each tool thread sees it
+        list(pool.map(lambda i: context.copy().run(gov.call, "search", search, i), range(120)))
+    stored = FileCheckpointStore(tmp_path / "cps").load("job-1")
+    assert stored is not None and len(stored.completed) == 120
+    gov2 = _governor(tmp_path, clock)
+    with gov2.task("job-1"):
+        assert [gov2.call("search", search, i) for i in range(120)] == [f"hits for {i}" for i in range(120)]
+    assert sorted(ran) == list(range(120))  # each ran once, none again on resume

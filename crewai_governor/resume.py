@@ -38,7 +38,7 @@ from crewai.tasks.output_format import OutputFormat
 from crewai.tasks.task_output import TaskOutput
 
 import loop_governor as lg
-from loop_governor.checkpoint import CheckpointStore, checkpoint_store_from_url
+from loop_governor.checkpoint import CheckpointStore, TaskCheckpoint, checkpoint_store_from_url
 
 __all__ = ["CrewResumeError", "rebind_llm", "restore_task_outputs", "resume_crew"]
 
@@ -194,8 +194,9 @@ def resume_crew(
             for task, original in zip(the_crew.tasks, originals, strict=True):
                 task.callback = original
         assert isinstance(result, CrewOutput)  # stream=True was refused above
-        cp = scope.checkpoint
-        if cp is not None:
-            cp.metadata["status"] = "finished"
-            governor.save_checkpoint(scope)
+        governor.update_checkpoint(scope, _mark_finished)
         return result
+
+
+def _mark_finished(cp: TaskCheckpoint) -> None:
+    cp.metadata["status"] = "finished"

@@ -48,7 +48,7 @@ from loop_governor.scope import _CALL_META, _SCOPE, TaskScope, call_key
 from loop_governor.stores import Store, store_from_url
 
 if TYPE_CHECKING:
-    from loop_governor.checkpoint import CheckpointStore
+    from loop_governor.checkpoint import CheckpointStore, TaskCheckpoint
 
 T = TypeVar("T")
 _CHECKPOINT_SAVE_ATTEMPTS = 3
@@ -594,10 +594,7 @@ class Governor:
             key = key or call_key(tool, args, kwargs)
             self.store.known_bad_put(scope.task_id, key, governed.model_dump_json())
             scope.known_bad += 1
-            with scope.checkpoint_lock:
-                if scope.checkpoint is not None:
-                    scope.checkpoint.record_failure(key, governed)
-                    self.save_checkpoint(scope)
+            self.update_checkpoint(scope, lambda cp: cp.record_failure(key, governed))
         loop = self._guard_repeats(scope, governed)
         if loop is not None:
             return loop
@@ -608,60 +605,78 @@ class Governor:
     def _checkpoint_success(self, scope: TaskScope, key: str, result: Any) -> None:
         from loop_governor.checkpoint import CheckpointSerializationError
 
-        with scope.checkpoint_lock:
-            cp = scope.checkpoint  # read under the lock: a concurrent save may have merged
-            if cp is None:
-                return
-            try:
-                cp.record_success(key, result)
-            except CheckpointSerializationError as exc:
-                # The call succeeded; failing the agent because its result isn't JSON would
-                # be worse than not skipping it on resume. Say so in the trace instead.
-                self.emit("checkpoint_skipped", call_key=key, reason=str(exc))
-                return
-            self.save_checkpoint(scope)
+        try:
+            self.update_checkpoint(scope, lambda cp: cp.record_success(key, result))
+        except CheckpointSerializationError as exc:
+            # The call succeeded; failing the agent because its result isn't JSON would
+            # be worse than not skipping it on resume. Say so in the trace instead.
+            self.emit("checkpoint_skipped", call_key=key, reason=str(exc))
 
     def save_checkpoint(self, scope: TaskScope) -> None:
-        """Save the task's checkpoint atomically, merging with a concurrent writer.
+        """Save the task's checkpoint atomically, merging with a concurrent writer."""
+        self.update_checkpoint(scope)
 
-        Never raises into the agent: the call it records already happened, and failing
-        it because the checkpoint store is down (Redis gone, disk full) would lose the
-        result too. Failures become ``checkpoint_failed`` events.
+    def update_checkpoint(self, scope: TaskScope, record: Callable[[TaskCheckpoint], object] | None = None) -> None:
+        """Apply ``record`` to the task's checkpoint, then save it (no-op without one).
+
+        Parallel tool calls of one task record into one checkpoint, so recording and
+        saving run under the task's lock: no record lands in a checkpoint object that a
+        concurrent save has just replaced by the merged one. The resulting event is
+        emitted after the lock is released: a subscriber may wait on another thread (an
+        event loop) that is itself about to record into this task.
+
+        Errors raised by ``record`` propagate (nothing is saved). Saving never raises
+        into the agent: the call it records already happened, and failing it because
+        the checkpoint store is down (Redis gone, disk full) would lose the result too.
+        Failures become ``checkpoint_failed`` events.
         """
         with scope.checkpoint_lock:
-            cp, store = scope.checkpoint, self.checkpoints
-            if cp is None or store is None:
+            cp = scope.checkpoint
+            if cp is None:
                 return
-            from loop_governor.checkpoint import CheckpointConflictError
+            if record is not None:
+                record(cp)
+            event = self._save_locked(scope, cp)
+        if event is not None:
+            self.emit(event[0], **event[1])
 
-            cp.step = max(cp.step, scope.steps)
-            try:
-                for attempt in range(_CHECKPOINT_SAVE_ATTEMPTS):
-                    try:
-                        version = store.save(cp)
+    def _save_locked(self, scope: TaskScope, cp: TaskCheckpoint) -> tuple[str, dict[str, Any]] | None:
+        """The save of :meth:`update_checkpoint` (lock held); returns the event to emit."""
+        store = self.checkpoints
+        if store is None:
+            return None
+        from loop_governor.checkpoint import CheckpointConflictError
+
+        cp.step = max(cp.step, scope.steps)
+        try:
+            for attempt in range(_CHECKPOINT_SAVE_ATTEMPTS):
+                try:
+                    version = store.save(cp)
+                    break
+                except CheckpointConflictError:
+                    if attempt == _CHECKPOINT_SAVE_ATTEMPTS - 1:
+                        raise
+                    latest = store.load(scope.task_id)
+                    if latest is None:  # deleted meanwhile: ours is all there is
+                        version = store.save(cp, force=True)
                         break
-                    except CheckpointConflictError:
-                        if attempt == _CHECKPOINT_SAVE_ATTEMPTS - 1:
-                            raise
-                        latest = store.load(scope.task_id)
-                        if latest is None:  # deleted meanwhile: ours is all there is
-                            version = store.save(cp, force=True)
-                            break
-                        # Another writer of the same task: keep both sides' work.
-                        latest.completed.update(cp.completed)
-                        latest.known_bad.update(cp.known_bad)
-                        latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
-                        latest.metadata.update(cp.metadata)
-                        latest.step = max(latest.step, cp.step)
-                        scope.checkpoint = cp = latest
-                        scope.results = latest.results
-                        scope.results_saved = len(latest.results)
-            except Exception as exc:
-                self.checkpoint_failures += 1
-                self.emit("checkpoint_failed", error=redact(f"{type(exc).__name__}: {exc}")[:500], step=scope.steps)
-                return
-            scope.results_saved = len(scope.results)
-            self.emit("checkpoint_saved", version=version, step=scope.steps)
+                    # Another writer of the same task: keep both sides' work. Only what
+                    # the store holds counts as saved: if this save conflicts again, our
+                    # results are merged into the next copy too.
+                    stored_results = len(latest.results)
+                    latest.completed.update(cp.completed)
+                    latest.known_bad.update(cp.known_bad)
+                    latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
+                    latest.metadata.update(cp.metadata)
+                    latest.step = max(latest.step, cp.step)
+                    scope.checkpoint = cp = latest
+                    scope.results = latest.results
+                    scope.results_saved = stored_results
+        except Exception as exc:
+            self.checkpoint_failures += 1
+            return "checkpoint_failed", {"error": redact(f"{type(exc).__name__}: {exc}")[:500], "step": scope.steps}
+        scope.results_saved = len(scope.results)
+        return "checkpoint_saved", {"version": version, "step": scope.steps}
 
     def _guard_repeats(self, scope: TaskScope | None, info: GovernedError) -> LoopDetectedError | None:
         """Same tool, same error signature, N times in one task: tell the model to stop."""

@@ -106,9 +106,7 @@ class TaskScope:
         self.results_saved = 0  # how many of ``results`` the checkpoint store already has
         self.started_at = 0.0
         self.checkpoint: TaskCheckpoint | None = None
-        # Parallel tool calls of one task record into one checkpoint: recording and
-        # saving happen under this lock, so no record lands in a checkpoint object that
-        # a concurrent save has just replaced by the merged one (reentrant: saves nest).
+        # Held while the checkpoint is recorded into and saved (Governor.update_checkpoint).
         self.checkpoint_lock = threading.RLock()
         self.tokens = 0
         self.cost = 0.0
@@ -155,10 +153,8 @@ class TaskScope:
 
     def add_result(self, value: Any) -> None:
         """Keep a sub-task result: delivered with BudgetExhaustedError if the task is cut short."""
-        with self.checkpoint_lock:
-            cp = self.checkpoint
-            if cp is None:
-                self.results.append(value)
-                return
-            cp.add_result(value)  # JSON-checked, redacted; then saved so a resume has it
-            self.governor.save_checkpoint(self)
+        if self.checkpoint is None:
+            self.results.append(value)
+            return
+        # JSON-checked, redacted; then saved so a resume has it
+        self.governor.update_checkpoint(self, lambda cp: cp.add_result(value))

@@ -11,7 +11,9 @@ File layout (plain JSON, readable with ``jq .checkpoint``)::
     {"lg_checkpoint":2,"version":N,"xxh3":"<16 hex>","checkpoint":{...}}
 
 The fixed prefix lets a writer read the stored version from the first bytes alone and
-lets a reader verify the body's checksum on the exact stored bytes.
+lets a reader verify the body's checksum on the exact stored bytes. Files of layout 1
+(``"lg_checkpoint":1`` with an 8-hex ``"crc32"``), written by earlier releases, still
+load; saving over one writes layout 2.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ _HEADER = re.compile(
 )
 _HEADER_MAX = 160
 _FILE_CACHE_MAX = 4096
+_PROCESS_STATE = frozenset({"_temp_seq", "_files", "_lock"})
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 _IOV_MAX = 512  # below every platform's IOV_MAX (1024 on Linux and macOS)
 # File names stay well under the common 255-byte limit, leaving room for the
@@ -210,31 +213,34 @@ class FileCheckpointStore:
         stale_temp_s: float | None = 3600.0,
     ) -> None:
         # Absolute: the directory stays open between saves, so a relative path followed
-        # by os.chdir would lock one directory and write into another.
-        self.directory = Path(os.path.abspath(directory))
+        # by os.chdir would lock one directory and write into another. (Not resolved:
+        # "link/../x" keeps meaning what the OS makes of it.)
+        self.directory = Path(directory).absolute()
         # 0o700: checkpoints hold tool results, which are nobody else's business.
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.serializer = serializer
         self._clock = clock
         self._dir_path = os.fspath(self.directory)
-        self._temp_seq = itertools.count()
-        self._files: dict[str, str] = {}
-        self._lock = _DirectoryLock(self._dir_path)
+        self._open_process_state()
         if stale_temp_s is not None:
             self.remove_stale_temp_files(stale_temp_s)
 
     def __repr__(self) -> str:
         return f"FileCheckpointStore({str(self.directory)!r})"
 
-    # The directory fd, the thread lock and the caches belong to one process: a store
-    # handed to a worker process (spawn, ProcessPoolExecutor) is rebuilt there.
+    def _open_process_state(self) -> None:
+        # The directory fd, the thread lock and the caches belong to one process: a
+        # store handed to a worker process (spawn, ProcessPoolExecutor) gets new ones.
+        self._temp_seq = itertools.count()
+        self._files: dict[str, str] = {}
+        self._lock = _DirectoryLock(self._dir_path)
+
     def __getstate__(self) -> dict[str, object]:
-        return {"directory": self.directory, "serializer": self.serializer, "clock": self._clock}
+        return {k: v for k, v in self.__dict__.items() if k not in _PROCESS_STATE}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(  # type: ignore[misc]
-            state["directory"], serializer=state["serializer"], clock=state["clock"], stale_temp_s=None
-        )
+        self.__dict__.update(state)
+        self._open_process_state()
 
     def path_for(self, task_id: str) -> Path:
         """The file that holds ``task_id``'s checkpoint (always inside the directory)."""

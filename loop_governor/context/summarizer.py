@@ -60,8 +60,9 @@ class UserRequest:
 
 
 Model = Any
-"""A LangChain chat model (anything with ``.invoke(messages)`` returning ``.content``) or
-a plain callable ``str -> str``."""
+"""A LangChain chat model (anything with ``.invoke(messages)`` returning ``.content``;
+``asummarize`` prefers ``.ainvoke``) or a callable ``str -> str`` (an async one with
+``asummarize``)."""
 
 
 def _reply_text(reply: Any) -> str:
@@ -88,7 +89,8 @@ def _one_line(text: str) -> str:
 class IncrementalSummarizer:
     """Folds old turns into one summary message once the conversation passes ``trigger_tokens``.
 
-    ``summarize(messages)`` returns a new list (same message kind): the system messages and
+    ``summarize(messages)`` (or ``await asummarize(messages)``, which does not block the
+    event loop) returns a new list (same message kind): the system messages and
     the first user message, the summary (a user message), pinned messages, then the most
     recent turns (about ``keep_tokens``). Cuts fall only before a user or assistant
     message, so no tool call is separated from its result.
@@ -165,6 +167,10 @@ class IncrementalSummarizer:
             reply = self.model(f"{SYSTEM_PROMPT}\n\n{prompt}")
         else:
             raise TypeError("model must have .invoke(messages) or be a callable str -> str")
+        if inspect.isawaitable(reply):  # never adopt "<coroutine object ...>" as the summary
+            if inspect.iscoroutine(reply):
+                reply.close()
+            raise TypeError("the model is async: call asummarize")
         return _reply_text(reply)
 
     async def _aask(self, prompt: str) -> str:
@@ -173,12 +179,15 @@ class IncrementalSummarizer:
         model = self.model
         if hasattr(model, "ainvoke"):
             reply = await model.ainvoke(_chat(prompt))
-        elif hasattr(model, "invoke") or (callable(model) and not _is_async_callable(model)):
-            return await asyncio.to_thread(self._ask, prompt)
+        elif hasattr(model, "invoke"):
+            reply = await asyncio.to_thread(model.invoke, _chat(prompt))
         elif callable(model):
-            reply = await model(f"{SYSTEM_PROMPT}\n\n{prompt}")
+            text = f"{SYSTEM_PROMPT}\n\n{prompt}"
+            reply = model(text) if _is_async_callable(model) else await asyncio.to_thread(model, text)
         else:
             raise TypeError("model must have .invoke(messages) or be a callable str -> str")
+        if inspect.isawaitable(reply):  # an async function, or a plain one returning an awaitable
+            reply = await reply
         return _reply_text(reply)
 
     # ------------------------------------------------------------------ main

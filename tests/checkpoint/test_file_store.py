@@ -271,12 +271,19 @@ def test_checkpoints_written_before_the_xxh3_checksum_still_load_and_are_saved_o
         store.load("t")
 
 
+class _TaggedStore(FileCheckpointStore):
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.tag = "mine"
+
+
 def test_a_store_can_be_handed_to_a_worker_process(tmp_path: Path) -> None:
     # spawn / ProcessPoolExecutor pickle the store: the copy gets its own directory
     # handle and lock, and sees the same checkpoints.
-    store = FileCheckpointStore(tmp_path)
+    store = _TaggedStore(tmp_path)
     store.save(TaskCheckpoint(task_id="t"))
     copy = pickle.loads(pickle.dumps(store))
+    assert isinstance(copy, _TaggedStore) and copy.tag == "mine"  # a subclass and its settings survive
     cp = copy.load("t")
     assert cp is not None
     cp.step = 2

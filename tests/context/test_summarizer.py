@@ -202,3 +202,19 @@ def test_async_summarize_runs_a_sync_only_model_off_the_event_loop(kind: Any) ->
     out, loop_thread = asyncio.run(run())
     assert summ.rounds == 1 and model.threads and model.threads[0] != loop_thread
     assert "[PENDING] R2: and then X" in _all_text(kind, out)
+
+
+def test_a_model_returning_an_awaitable_is_awaited_or_refused_never_summarized_as_text(kind: Any) -> None:
+    async def real_model(prompt: str) -> str:
+        return "Did things.\nDONE: R2"
+
+    msgs = [kind.system("s"), kind.user("main task"), *_turn(kind, "t1", "and then X"), *_turn(kind, "t2", None)]
+    # a plain lambda around an async model: asummarize awaits what it returns
+    summ = IncrementalSummarizer(lambda prompt: real_model(prompt), trigger_tokens=1000, keep_tokens=600)
+    asyncio.run(summ.asummarize(msgs))
+    assert summ.summary == "Did things." and [r.done for r in summ.requests] == [False, True]
+    # the sync path cannot await it: a clear error, and nothing is adopted
+    summ = IncrementalSummarizer(real_model, trigger_tokens=1000, keep_tokens=600)
+    with pytest.raises(TypeError, match="asummarize"):
+        summ.summarize(msgs)
+    assert summ.rounds == 0 and summ.requests == [] and summ.summary == ""

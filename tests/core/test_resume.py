@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lg_testing import Backend, HTTPError, VirtualClock
 
 import loop_governor as lg
-from loop_governor.checkpoint import FileCheckpointStore
+from loop_governor.checkpoint import FileCheckpointStore, MemoryCheckpointStore, TaskCheckpoint
 
 
 def _governor(tmp_path: Path, clock: VirtualClock) -> lg.Governor:
@@ -142,3 +146,63 @@ def test_parallel_calls_of_one_task_all_reach_the_checkpoint(tmp_path: Path, clo
     with gov2.task("job-1"):
         assert [gov2.call("search", search, i) for i in range(120)] == [f"hits for {i}" for i in range(120)]
     assert sorted(ran) == list(range(120))  # each ran once, none again on resume
+
+
+def test_checkpoint_events_reach_a_subscriber_that_waits_on_the_event_loop(tmp_path: Path) -> None:
+    # A sync tool on a worker thread and an async tool on the loop, in one task; the
+    # subscriber hands events to the loop and waits. Emitting while holding the task's
+    # checkpoint lock would deadlock: the loop thread waits for that lock.
+    gov = lg.Governor(checkpoint_store=FileCheckpointStore(tmp_path))
+    seen: list[str] = []
+
+    async def main() -> None:
+        loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
+
+        async def put(event: str) -> None:
+            seen.append(event)
+
+        def forward(event: dict[str, Any]) -> None:
+            if threading.get_ident() == loop_thread:
+                seen.append(event["event"])
+                return
+            if event["event"] == "checkpoint_saved":
+                time.sleep(0.1)  # let the async tool finish meanwhile and want the lock
+            asyncio.run_coroutine_threadsafe(put(event["event"]), loop).result(timeout=5)
+
+        async def async_tool(x: int) -> dict[str, int]:
+            await asyncio.sleep(0.05)
+            return {"async": x}
+
+        gov.subscribe(forward)
+        async with gov.task("job-1"):
+            await asyncio.gather(
+                asyncio.to_thread(gov.call, "sync", lambda x: {"sync": x}, 1), gov.acall("async", async_tool, 2)
+            )
+
+    asyncio.run(main())
+    assert gov.sink_failures == 0
+    assert seen.count("checkpoint_saved") == 2
+
+
+def test_sub_results_survive_two_conflicting_writers_in_a_row(clock: VirtualClock) -> None:
+    # Another process saves the task twice while this one saves once: the first merge
+    # conflicts again, and our sub-result must be merged into the second copy too.
+    class Contended(MemoryCheckpointStore):
+        other_writes = 0
+
+        def save(self, cp: TaskCheckpoint, *, force: bool = False) -> int:
+            if self.other_writes < 2 and cp.results and cp.results[-1] == "ours":
+                self.other_writes += 1
+                theirs = super().load(cp.task_id)
+                assert theirs is not None
+                theirs.add_result(f"theirs{self.other_writes}")
+                super().save(theirs)
+            return super().save(cp, force=force)
+
+    store = Contended()
+    gov = lg.Governor(checkpoint_store=store, clock=clock, sleep=clock.sleep)
+    with gov.task("job-1") as scope:
+        scope.add_result("first")
+        scope.add_result("ours")
+    stored = store.load("job-1")
+    assert stored is not None and sorted(stored.results) == ["first", "ours", "theirs1", "theirs2"]  # type: ignore[type-var]

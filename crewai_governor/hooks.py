@@ -281,17 +281,8 @@ class GovernorHooks:
             self.governor.check_breaker(governed.name)
         except lg.CircuitOpenError as refusal:
             tool_input = context.tool_input
-            self.governor.emit(
-                "tool_call",
-                tool=governed.name,
-                status="error",
-                error_type="transient",
-                signature=refusal.info.signature,
-                attempts=0,
-                duration_s=0.0,
-                call_key=None,
-                circuit_open=True,
-                blocked_by_hook=True,
+            self.governor.emit_tool_error(
+                governed.name, refusal.info, call_key=None, circuit_open=True, blocked_by_hook=True
             )
             with self._lock:
                 self._blocked[id(tool_input)] = (tool_input, refusal)

@@ -152,6 +152,22 @@ class Governor:
             except Exception:
                 self.sink_failures += 1
 
+    def emit_tool_error(
+        self, tool: str, info: GovernedError | ErrorInfo, *, attempts: int = 0, duration_s: float = 0.0, **fields: Any
+    ) -> None:
+        """The ``tool_call`` event of a call that ended in ``info``: one shape for every
+        way a call can fail (failed, replayed known-bad, refused by an open breaker)."""
+        self.emit(
+            "tool_call",
+            tool=tool,
+            status="error",
+            error_type=info.error_type.value,
+            signature=info.signature,
+            attempts=attempts,
+            duration_s=duration_s,
+            **fields,
+        )
+
     # -- task scope ----------------------------------------------------------------------
 
     def task(self, task_id: str | None = None) -> TaskScope:
@@ -308,17 +324,7 @@ class Governor:
     def _replay_failure(self, scope: TaskScope, tool: str, key: str, info: GovernedError) -> AgentToolError:
         """A known-bad call again: the same bytes as the first time (prompt cache), unless
         the model keeps insisting; then the repeated-error guard tells it to stop."""
-        self.emit(
-            "tool_call",
-            tool=tool,
-            status="error",
-            error_type=info.error_type.value,
-            signature=info.signature,
-            attempts=0,
-            duration_s=0.0,
-            call_key=key,
-            known_bad=True,
-        )
+        self.emit_tool_error(tool, info, call_key=key, known_bad=True)
         return self._guard_repeats(scope, info) or error_from_info(info)
 
     def _prepare(
@@ -379,16 +385,7 @@ class Governor:
             return admission, wait
         if not admission.allowed:
             err = self._circuit_open(tool, admission)
-            self.emit(
-                "tool_call",
-                tool=tool,
-                status="error",
-                error_type="transient",
-                signature=err.info.signature,
-                attempts=0,
-                duration_s=0.0,
-                circuit_open=True,
-            )
+            self.emit_tool_error(tool, err.info, circuit_open=True)
             raise self._guard_repeats(scope, err.info) or err
         return admission, 0.0
 
@@ -575,12 +572,9 @@ class Governor:
             retry_after=info.retry_after if info.error_type is ErrorType.TRANSIENT else None,
             advice=self._advice(tool, info, attempts.stop_reason, n),
         )
-        self.emit(
-            "tool_call",
-            tool=tool,
-            status="error",
-            error_type=info.error_type.value,
-            signature=info.signature,
+        self.emit_tool_error(
+            tool,
+            info,
             attempts=n,
             duration_s=(self.clock() - started) if started else 0.0,
             call_key=key,

@@ -122,6 +122,22 @@ def _writev_all(fd: int, parts: builtins.list[bytes]) -> None:
         start += len(batch)
 
 
+def _write_and_replace(fd: int, tmp: str, parts: builtins.list[bytes], dest: str | os.PathLike[str]) -> None:
+    """Write ``parts`` to the open temp file ``tmp``, fsync and close it, and rename it
+    over ``dest``; on any failure the temp file is removed."""
+    try:
+        try:
+            _writev_all(fd, parts)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -371,18 +387,7 @@ class FileCheckpointStore:
                 continue
 
     def _replace(self, path: str, parts: builtins.list[bytes], dir_fd: int) -> None:
-        fd, tmp = self._open_temp()
-        try:
-            try:
-                _writev_all(fd, parts)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        _write_and_replace(*self._open_temp(), parts, path)
         os.fsync(dir_fd)  # make the rename itself durable
 
     def _stored_version(self, path: str, task_id: str, force: bool) -> int:
@@ -431,13 +436,7 @@ class FileCheckpointStore:
             if not qpath.exists():
                 # No directory lock here: callers may hold it already, and the copy has
                 # its own content-derived name, so concurrent quarantines write the same.
-                fd, tmp = tempfile.mkstemp(dir=qdir, prefix=".tmp-")
-                try:
-                    _write_all(fd, data)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, qpath)
+                _write_and_replace(*tempfile.mkstemp(dir=qdir, prefix=".tmp-"), [data], qpath)
             quarantine: str | None = str(qpath)
         except OSError:
             quarantine = None

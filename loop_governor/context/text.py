@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # A data URI with a base64 payload, e.g. "data:image/png;base64,iVBOR...".
@@ -95,34 +95,37 @@ def _block_size(block: Any) -> int:
     return 0
 
 
+def _map_blocks(content: Any, on_text: Callable[[str], str], on_block: Callable[[Mapping[str, Any]], Any]) -> Any:
+    """``content`` (a string, or a list of string and dict blocks) with ``on_text`` applied
+    to its strings and ``on_block`` to its dict blocks; the *same object* when nothing
+    changed (so unchanged messages are not copied)."""
+    if isinstance(content, str):
+        return on_text(content)
+    if not isinstance(content, list):
+        return content
+    out = [on_text(b) if isinstance(b, str) else on_block(b) if isinstance(b, Mapping) else b for b in content]
+    return out if any(new is not old for new, old in zip(out, content, strict=True)) else content
+
+
+def _with_text(block: Mapping[str, Any], fn: Callable[[str], str]) -> Any:
+    """``block`` with ``fn`` applied to its ``text``; the same block when unchanged."""
+    text = fn(block["text"])
+    return block if text is block["text"] else {**block, "text": text}
+
+
+def _strip_block(block: Mapping[str, Any]) -> Any:
+    btype = block.get("type")
+    if btype in _BINARY_BLOCKS:
+        return {"type": "text", "text": f"[{btype} removed: {_block_mime(block)}, {human_size(_block_size(block))}]"}
+    if isinstance(block.get("text"), str):
+        return _with_text(block, strip_blobs_text)
+    return block
+
+
 def strip_blobs(content: Any) -> Any:
     """Content with binary blocks and base64 payloads replaced; returns the *same object*
     when nothing changed (so unchanged messages are not copied)."""
-    if isinstance(content, str):
-        return strip_blobs_text(content)
-    if not isinstance(content, list):
-        return content
-    changed = False
-    out: list[Any] = []
-    for b in content:
-        nb = b
-        if isinstance(b, str):
-            nb = strip_blobs_text(b)
-        elif isinstance(b, Mapping):
-            btype = b.get("type")
-            if btype in _BINARY_BLOCKS:
-                nb = {
-                    "type": "text",
-                    "text": f"[{btype} removed: {_block_mime(b)}, {human_size(_block_size(b))}]",
-                }
-            elif isinstance(b.get("text"), str):
-                t = strip_blobs_text(b["text"])
-                if t is not b["text"]:
-                    nb = {**b, "text": t}
-        if nb is not b:
-            changed = True
-        out.append(nb)
-    return out if changed else content
+    return _map_blocks(content, strip_blobs_text, _strip_block)
 
 
 def head_tail(text: str, head: int, tail: int, threshold: int) -> str:
@@ -153,20 +156,10 @@ def map_strings(value: Any, fn: Any) -> Any:
 
 def map_content_text(content: Any, fn: Any) -> Any:
     """Apply ``fn`` to the text of ``content`` (a string, or each text block of a list)."""
-    if isinstance(content, str):
-        return fn(content)
-    if isinstance(content, list):
-        changed = False
-        out: list[Any] = []
-        for b in content:
-            nb = b
-            if isinstance(b, str):
-                nb = fn(b)
-            elif isinstance(b, Mapping) and b.get("type", "text") == "text" and isinstance(b.get("text"), str):
-                t = fn(b["text"])
-                if t is not b["text"]:
-                    nb = {**b, "text": t}
-            changed = changed or nb is not b
-            out.append(nb)
-        return out if changed else content
-    return content
+
+    def on_block(block: Mapping[str, Any]) -> Any:
+        if block.get("type", "text") == "text" and isinstance(block.get("text"), str):
+            return _with_text(block, fn)
+        return block
+
+    return _map_blocks(content, fn, on_block)

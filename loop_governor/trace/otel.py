@@ -59,6 +59,33 @@ def _ns(seconds: Any) -> int:
     return int(seconds * 1e9) if isinstance(seconds, (int, float)) and seconds > 0 else 0
 
 
+# Span attribute <- record field, copied when the record has the field.
+_CHAT_FIELDS = (
+    (GEN_AI_REQUEST_MODEL, "model"),
+    (GEN_AI_USAGE_INPUT_TOKENS, "input_tokens"),
+    (GEN_AI_USAGE_OUTPUT_TOKENS, "output_tokens"),
+    (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "cache_read_tokens"),
+    (GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, "cache_creation_tokens"),
+    (ATTR_TURN, "turn"),
+    (ATTR_PREFIX_KEPT, "prefix_kept"),
+    (ATTR_CONTEXT_HEALTH, "context_health"),
+)
+_TOOL_FIELDS = (
+    (GEN_AI_TOOL_CALL_ID, "tool_call_id"),
+    (ATTR_TOOL_STATUS, "status"),
+    (ATTR_ATTEMPTS, "attempts"),
+    (ATTR_SIGNATURE, "signature"),
+    (ATTR_CALL_KEY, "call_key"),
+)
+
+
+def _copy_fields(record: Mapping[str, Any], fields: tuple[tuple[str, str], ...], attrs: dict[str, Any]) -> None:
+    for name, field in fields:
+        value = record.get(field)
+        if value is not None:
+            attrs[name] = attribute_value(value)
+
+
 def _attrs(record: Mapping[str, Any], skip: frozenset[str] = _ENVELOPE) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in record.items():
@@ -136,19 +163,7 @@ class SpanBridge:
     def _model_call(self, record: Mapping[str, Any], now_ns: int, ambient: Context | None) -> None:
         model = record.get("model")
         attrs: dict[str, Any] = {GEN_AI_OPERATION_NAME: _CHAT}
-        for name, field in (
-            (GEN_AI_REQUEST_MODEL, "model"),
-            (GEN_AI_USAGE_INPUT_TOKENS, "input_tokens"),
-            (GEN_AI_USAGE_OUTPUT_TOKENS, "output_tokens"),
-            (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "cache_read_tokens"),
-            (GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, "cache_creation_tokens"),
-            (ATTR_TURN, "turn"),
-            (ATTR_PREFIX_KEPT, "prefix_kept"),
-            (ATTR_CONTEXT_HEALTH, "context_health"),
-        ):
-            value = record.get(field)
-            if value is not None:
-                attrs[name] = attribute_value(value)
+        _copy_fields(record, _CHAT_FIELDS, attrs)
         reason = record.get("finish_reason")
         if reason:
             attrs[GEN_AI_RESPONSE_FINISH_REASONS] = [str(reason)]
@@ -179,16 +194,7 @@ class SpanBridge:
         retries = self._retries.pop((task_id, tool), ())
         if span.is_recording():
             attrs: dict[str, Any] = {}
-            for name, field in (
-                (GEN_AI_TOOL_CALL_ID, "tool_call_id"),
-                (ATTR_TOOL_STATUS, "status"),
-                (ATTR_ATTEMPTS, "attempts"),
-                (ATTR_SIGNATURE, "signature"),
-                (ATTR_CALL_KEY, "call_key"),
-            ):
-                value = record.get(field)
-                if value is not None:
-                    attrs[name] = attribute_value(value)
+            _copy_fields(record, _TOOL_FIELDS, attrs)
             if record.get("status") == "error":
                 attrs[ERROR_TYPE] = str(record.get("error_type") or "error")
                 span.set_status(Status(StatusCode.ERROR, str(record.get("signature") or "")))

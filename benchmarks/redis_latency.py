@@ -11,7 +11,7 @@ each call is timed on its own; the figures are medians in microseconds:
 - ``governed (redis)``: ``Governor.call`` on a no-op tool inside a task scope;
 - ``governed (memory)``: the same with the default in-process store, for reference;
 - ``rate_acquire``: one token from the shared bucket (one EVALSHA);
-- ``admit_rate``: breaker check + token in one EVALSHA (the rate-limited tool's path).
+- ``rate_acquire_all``: a request and a token bucket in one EVALSHA (a rate-limited model call).
 
 ``--rate-check`` also runs 4 processes against one shared limit of ``--rate`` requests/s
 for ``--seconds`` of wall time (burst 5; a refused caller sleeps the returned wait and
@@ -150,7 +150,9 @@ def main() -> None:
                         "governed (redis)": lambda: gov_redis.call("search", noop, 1),
                         "governed (memory)": lambda: gov_mem.call("search", noop, 1),
                         "rate_acquire": lambda: store.rate_acquire("bench", 1e9, 1e9, time.time()),
-                        "admit_rate": lambda: store.admit_rate("search", time.time, policy, 1e9, 1e9),
+                        "rate_acquire_all": lambda: store.rate_acquire_all(
+                            [("bench", 1e9, 1e9, 1.0), ("bench:tokens", 1e9, 1e9, 500.0)], time.time()
+                        ),
                     },
                     args.calls,
                 )

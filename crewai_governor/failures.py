@@ -70,11 +70,11 @@ def failure_from_error(exc: lg.AgentToolError) -> GovernedToolFailure:
     return failure
 
 
-_stop_classes: dict[type[lg.FatalError], type[lg.FatalError]] = {}
+_stop_classes: dict[type[lg.AgentToolError], type[lg.AgentToolError]] = {}
 _stop_lock = threading.Lock()
 
 
-def _stop_class(cls: type[lg.FatalError]) -> type[lg.FatalError]:
+def _stop_class(cls: type[lg.AgentToolError]) -> type[lg.AgentToolError]:
     with _stop_lock:
         stop_cls = _stop_classes.get(cls)
         if stop_cls is None:
@@ -103,6 +103,30 @@ def stop_error(exc: lg.FatalError) -> lg.FatalError:
     stop.source = "loop_governor"
     stop.__cause__ = exc
     result: lg.FatalError = stop.with_traceback(exc.__traceback__)
+    return result
+
+
+def model_stop(exc: lg.AgentToolError) -> lg.AgentToolError:
+    """A governed model call's failure as a crewAI run stop (``HookAborted``) that is also
+    ``exc``'s own class (``except lg.FatalError`` / ``lg.AgentToolError`` still catch it).
+
+    crewAI wraps every LLM call in its own rate-limit retry, which walks the exception's
+    ``__cause__``/``__context__`` chain and its text for a 429 or "rate limit": the
+    governor already retried, so the stop carries neither (the provider's words stay in
+    ``.info``), and crewAI's agent retry loop lets a ``HookAborted`` through.
+    """
+    stop_cls = _stop_class(type(exc))
+    info = exc.info
+    summary = f"loop-governor stopped the run: the model call to {info.tool} failed ({info.error_type.value})"
+    stop: Any = Exception.__new__(stop_cls, summary)
+    stop.__dict__.update(exc.__dict__)
+    stop.args = (summary,)
+    stop.reason = summary
+    stop.source = "loop_governor"
+    stop.__cause__ = None
+    stop.__context__ = None
+    stop.__suppress_context__ = True
+    result: lg.AgentToolError = stop
     return result
 
 

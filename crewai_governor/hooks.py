@@ -2,20 +2,24 @@
 
 What each hook does and why it lives there (crewAI 1.15 semantics, see INTEGRATION.md):
 
-* before_llm_call -- counts a model step (``governor.count_step``: step budgets) and
-  prunes ``context.messages`` *in place*. That list object is what the LLM receives;
-  rebinding ``context.messages`` is ignored by crewAI. The pruned list also replaces the
-  executor's history, which is what a cache-aware pruner expects (its edits move in
-  batches, so the prefix stays byte-identical between batches).
+* before_llm_call -- prunes ``context.messages`` *in place* (and counts a model step for
+  an LLM the governor does not run; a governed LLM's call charges the budgets itself).
+  That list object is what the LLM receives; rebinding ``context.messages`` is ignored
+  by crewAI. The pruned list also replaces the executor's history, which is what a
+  cache-aware pruner expects (its edits move in batches, so the prefix stays
+  byte-identical between batches).
 * after_llm_call -- runs only on text answers (crewAI skips it for tool-call payloads);
-  emits a ``response`` event.
+  emits a ``response`` event. (Usage is counted per call by the governed LLM, tool-call
+  replies included; this hook only backs up an LLM the governor does not run.)
 * before_tool_call -- refuses a call whose tool breaker is open, before crewAI emits its
   tool events or touches its cache; crewAI only lets a hook block with a fixed
   "Tool execution blocked by hook" text, so the structured error is parked and
 * after_tool_call -- swaps that text for the governor's JSON and records the refusal as
   a crewAI ToolFailure (crewAI records none for a blocked call).
-* execution_start / execution_end -- open a governor task per crew or flow kickoff
-  (unless one is open already), because known-bad calls, the retry budget, the step
+* execution_start / execution_end -- swap each agent's LLM for its governed copy
+  (:func:`crewai_governor.llm.govern_llm`) for the kickoff, and put the originals back
+  after; and open a governor task per crew or flow kickoff (unless one is open
+  already), because known-bad calls, the retry budget, the step
   budget and the repeated-error guard are per governor task; without one every call is
   its own task and a 404 could be called again and again. A standalone
   ``Agent.kickoff`` runs as a flow (crewAI's ``AgentExecutor``: ``crew=None``,
@@ -37,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -51,11 +55,13 @@ from crewai.hooks.dispatch import (
     scoped_hooks,
     unregister,
 )
+from crewai.llms.base_llm import BaseLLM
 from crewai.tools.tool_failure import ToolExecutionFailedError, handle_tool_failure
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
 from crewai_governor.failures import ensure_fatal_relay, failure_from_error, stop_error
+from crewai_governor.llm import govern_llm, is_governed_llm
 from crewai_governor.tools import GovernedTool
 from loop_governor.context.tokens import approx_tokens
 from loop_governor.context.view import ASSISTANT, TOOL, codec_for
@@ -119,16 +125,18 @@ class GovernorHooks:
         *,
         pruner: MessagePruner | None = None,
         pruner_factory: Callable[[], MessagePruner] | None = None,
-        count_steps: bool = True,
         block_open_breakers: bool = True,
+        govern_llms: bool = True,
+        fallback_llms: Sequence[Any] = (),
     ) -> None:
         if pruner is not None and pruner_factory is not None:
             raise ValueError("pass pruner or pruner_factory, not both")
         self.governor = governor
         self._pruner = pruner
         self._pruner_factory = pruner_factory
-        self._count_steps = count_steps
         self._block_open_breakers = block_open_breakers
+        self._govern_llms = govern_llms
+        self._fallback_llms = tuple(fallback_llms)
         # Cleared by Installation.uninstall(); crewAI keeps calling the LLM hooks it copied
         # into executors built while installed, so each hook checks this first.
         self.active = True
@@ -145,6 +153,8 @@ class GovernorHooks:
         self._blocked: dict[int, tuple[dict[str, Any], lg.CircuitOpenError]] = {}
         # governor task scopes this object opened, per crew / flow kickoff in flight
         self._run_scopes: dict[int, tuple[Any, lg.TaskScope]] = {}
+        # per kickoff in flight: (holder, attribute, the LLM it had) swapped for governed copies
+        self._swapped: dict[int, list[tuple[Any, str, Any]]] = {}
         # cumulative (prompt, completion, cached) tokens last seen per LLM object
         self._usage_seen: dict[int, tuple[int, int, int]] = {}
 
@@ -152,8 +162,8 @@ class GovernorHooks:
     def before_llm_call(self, context: Any) -> None:
         if not self.active:
             return
-        if self._count_steps:
-            try:
+        if not is_governed_llm(getattr(context, "llm", None)):
+            try:  # a governed LLM charges its call itself; any other is counted here
                 self.governor.count_step("model")
             except lg.FatalError as exc:
                 raise stop_error(exc) from exc
@@ -234,7 +244,9 @@ class GovernorHooks:
     def after_llm_call(self, context: Any) -> None:
         if not self.active:
             return
-        self._record_usage(getattr(context, "llm", None))
+        llm = getattr(context, "llm", None)
+        if not is_governed_llm(llm):
+            self._record_usage(llm)
         response = getattr(context, "response", None)
         if not isinstance(response, str):
             return
@@ -333,13 +345,38 @@ class GovernorHooks:
         if not self.active:
             return
         run = self._run_of(context)
-        if run is None or self.governor.current_task() is not None:
+        if run is None:
             return
         owner, kind = run
+        if self._govern_llms:
+            self._swap_llms(owner, kind)
+        if self.governor.current_task() is not None:
+            return
         scope = self.governor.task(f"crewai-{kind}-{getattr(owner, 'id', None) or id(owner)}")
         scope.__enter__()
         with self._lock:
             self._run_scopes[id(owner)] = (owner, scope)
+
+    def _swap_llms(self, owner: Any, kind: str) -> None:
+        """Give the kickoff's agents (a standalone agent's executor) governed LLM copies."""
+        holders = list(getattr(owner, "agents", None) or ()) if kind == "crew" else [owner]
+        compact = self._pruner is not None or self._pruner_factory is not None
+        swapped: list[tuple[Any, str, Any]] = []
+        for holder in holders:
+            llm = getattr(holder, "llm", None)
+            if isinstance(llm, BaseLLM) and not is_governed_llm(llm):
+                governed = govern_llm(llm, self.governor, fallbacks=self._fallback_llms, compact=compact)
+                holder.llm = governed
+                swapped.append((holder, "llm", llm))
+        if swapped:
+            with self._lock:
+                self._swapped[id(owner)] = swapped
+
+    def _restore_llms(self, owner: Any) -> None:
+        with self._lock:
+            swapped = self._swapped.pop(id(owner), ())
+        for holder, attr, original in swapped:
+            setattr(holder, attr, original)
 
     def execution_end(self, context: Any) -> None:
         # Not gated on ``active``: a scope this object opened is closed whatever happens.
@@ -347,6 +384,7 @@ class GovernorHooks:
         if run is None:
             return
         owner = run[0]
+        self._restore_llms(owner)
         with self._lock:
             entry = self._run_scopes.get(id(owner))
             if entry is not None and entry[0] is owner:
@@ -444,8 +482,9 @@ def install(
     pruner_factory: Callable[[], MessagePruner] | None = None,
     scoped: bool = True,
     task_id: str | None = None,
-    count_steps: bool = True,
     block_open_breakers: bool = True,
+    govern_llms: bool = True,
+    fallback_llms: Sequence[Any] = (),
 ) -> Installation:
     """Register the governor's crewAI hooks.
 
@@ -455,13 +494,18 @@ def install(
     ``Agent.kickoff`` too) runs in a governor task of its own unless one is open
     already; ``task_id`` opens ``governor.task(task_id)`` for the ``with`` block
     instead, so budgets and known-bad calls span several kickoffs.
+
+    ``govern_llms`` (default): every agent's LLM is swapped for its governed copy for the
+    kickoff (see :func:`crewai_governor.llm.govern_llm`), so each model call is governed;
+    ``fallback_llms`` answer, in order, while an agent's model is down.
     """
     ensure_fatal_relay()
     hooks = GovernorHooks(
         resolve_governor(governor),
         pruner=pruner,
         pruner_factory=pruner_factory,
-        count_steps=count_steps,
         block_open_breakers=block_open_breakers,
+        govern_llms=govern_llms,
+        fallback_llms=fallback_llms,
     )
     return Installation(hooks, scoped=scoped, task_id=task_id)

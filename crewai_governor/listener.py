@@ -34,6 +34,7 @@ from crewai.utilities.string_utils import sanitize_tool_name
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
+from crewai_governor.llm import governor_of_llm
 from crewai_governor.tools import GovernedStructuredTool, governor_of, is_governed_name
 
 __all__ = ["GovernorEventListener"]
@@ -50,9 +51,11 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 class GovernorEventListener(BaseEventListener):
     """Emits ``model_call``, ``tool_call`` and ``tool_failure`` events on a governor.
 
-    * ``model_call`` -- per LLM call: model, latency, input/output tokens, cache read and
-      creation tokens, finish reason, the messages sent, crewAI's task id and agent role;
-      failed calls carry ``error``.
+    * ``model_call`` -- per LLM call the governor does not run itself (a governed LLM's
+      calls are reported by the governor, with attempts and classification): model,
+      latency, input/output tokens, cache read and creation tokens, finish reason, the
+      messages sent, crewAI's task id and agent role; failed calls carry ``error``, once
+      per call (crewAI 1.15 emits two failure events for one failed call).
     * ``tool_call`` -- for calls this governor did not run itself: tools not wrapped by
       :func:`crewai_governor.govern_tool` for it (the governor reports its governed calls
       itself, with attempts and classification). Decided per event, by the tool object
@@ -70,6 +73,7 @@ class GovernorEventListener(BaseEventListener):
         self.governor = resolve_governor(governor)
         self._lock = threading.Lock()
         self._starts: dict[str, datetime] = {}
+        self._failed: dict[str, None] = {}  # call ids already reported as failed (insertion-ordered)
         self._handlers: list[tuple[type[Any], Callable[..., None]]] = [
             (LLMCallStartedEvent, self._on_llm_started),
             (LLMCallCompletedEvent, self._on_llm_completed),
@@ -121,7 +125,10 @@ class GovernorEventListener(BaseEventListener):
         with self._lock:
             return self._starts.pop(call_id, None)
 
-    def _on_llm_completed(self, _source: Any, event: LLMCallCompletedEvent) -> None:
+    def _on_llm_completed(self, source: Any, event: LLMCallCompletedEvent) -> None:
+        if governor_of_llm(source) is self.governor:
+            self._pop_start(event.call_id)
+            return  # the governed call reports itself
         usage = UsageMetrics.from_provider_dict(event.usage) or UsageMetrics()
         messages = event.messages
         if isinstance(messages, str):
@@ -142,16 +149,29 @@ class GovernorEventListener(BaseEventListener):
             agent_role=event.agent_role,
         )
 
-    def _on_llm_failed(self, _source: Any, event: LLMCallFailedEvent) -> None:
+    def _on_llm_failed(self, source: Any, event: LLMCallFailedEvent) -> None:
+        start = self._pop_start(event.call_id)
+        if governor_of_llm(source) is self.governor or not self._first_failure(event.call_id):
+            return
         self.governor.emit(
             "model_call",
             model=event.model,
-            latency_s=_seconds(self._pop_start(event.call_id), event.timestamp),
+            status="error",
+            latency_s=_seconds(start, event.timestamp),
             error=lg.redact(str(event.error)),
             call_id=event.call_id,
             crewai_task_id=event.task_id,
             agent_role=event.agent_role,
         )
+
+    def _first_failure(self, call_id: str) -> bool:
+        with self._lock:
+            if call_id in self._failed:
+                return False
+            if len(self._failed) >= _MAX_STARTS:
+                self._failed.pop(next(iter(self._failed)))
+            self._failed[call_id] = None
+            return True
 
     # -- tools ------------------------------------------------------------------------
     def _reported_by_governor(self, source: Any, event: Any) -> bool:

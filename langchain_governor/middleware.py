@@ -7,9 +7,14 @@ argument-validation errors come back to the model). With it:
   called again per attempt), and a non-fatal failure becomes a
   ``ToolMessage(status="error")`` holding the governor's structured JSON; a
   :class:`loop_governor.FatalError` propagates and stops the run;
-* every model call runs inside the task scope, counts a step, optionally sees a pruned
-  *view* of the conversation (``request.override(messages=...)``: graph state and the
-  checkpointer keep the full history), and is recorded as a ``model_call`` event with
+* every model call is a governed model call (``governor.call_model``): one iteration of
+  the task's budgets, classified failures, retries with backoff and Retry-After, the
+  endpoint's breaker and rate limits, ``FatalError`` for credentials/billing/quota, one
+  retry on a compacted prompt after ``context_length_exceeded`` (with a pruner), optional
+  fallback models. The provider SDK's own retries are switched off on the model it calls
+  (``GovernorConfig(sdk_retries="keep")`` keeps them). It optionally sees a pruned *view*
+  of the conversation (``request.override(messages=...)``: graph state and the
+  checkpointer keep the full history), and is recorded as one ``model_call`` event with
   usage (incl. prompt-cache reads) and the messages the model saw.
 
 Tools already wrapped with :func:`langchain_governor.govern_tool` are governed by
@@ -19,13 +24,12 @@ their wrapper; the middleware only opens the task scope for them (no double retr
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Annotated, Any
 
-from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
 from langchain.agents.middleware.types import PrivateStateAttr
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -38,20 +42,18 @@ from langchain_governor._common import (
     STATE_TASK_KEY,
     carry,
     key_args,
-    last_ai_message,
-    model_name,
     new_task_id,
-    openai_messages,
     passthrough,
     resolve_governor,
     state_value,
     thread_id_of,
-    usage_fields,
 )
 from langchain_governor._pruning import MessagePruner, PrunerPool
 from langchain_governor._scopes import LiveTasks
 from langchain_governor.errors import fatal_stop
+from langchain_governor.models import ModelCopies, describe, endpoint_of, prompt_tokens
 from langchain_governor.tools import GovernedTool
+from loop_governor.context.compact import emergency_compact
 
 
 class GovernorState(AgentState[Any]):
@@ -76,16 +78,9 @@ def emit_pruning(governor: lg.Governor, before: Sequence[BaseMessage], after: Se
     )
 
 
-def _response_messages(result: Any) -> list[BaseMessage]:
-    """The messages of whatever a model-call handler returned (all shapes LangChain allows)."""
-    if isinstance(result, AIMessage):
-        return [result]
-    inner = getattr(result, "model_response", None)
-    if isinstance(inner, ModelResponse):
-        result = inner
-    if isinstance(result, ModelResponse):
-        return list(result.result)
-    return []
+def _sent_to(model: Any, handler: Callable[[ModelRequest[Any]], Any]) -> Callable[[ModelRequest[Any]], Any]:
+    """A fallback: the same request, sent to ``model`` through the same handler."""
+    return lambda request: handler(request.override(model=model))
 
 
 _RECORD_MARK = "lc_tool_message"
@@ -144,9 +139,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             copy; the model sees its output, the graph state keeps the full history.
         record_messages: include the prompt (as OpenAI-style dicts) in ``model_call``
             events; turn off for very long contexts if the trace size matters.
-        count_steps: count each model call as a step of the task's ``max_steps`` (the
-            default, as the crewAI adapter's ``install(count_steps=...)``); ``False``
-            makes ``max_steps`` a cap on tool calls alone.
+        fallback_models: chat models tried in order while the agent's model is down
+            (its breaker open, its transient retries spent); each is governed on its own
+            endpoint (breaker, rate limits) and gets the same request.
     """
 
     state_schema = GovernorState
@@ -158,8 +153,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         *,
         pruner_factory: Callable[[], MessagePruner] | None = None,
         record_messages: bool = True,
-        count_steps: bool = True,
-        clock: Callable[[], float] = time.perf_counter,
+        fallback_models: Sequence[Any] = (),
     ) -> None:
         super().__init__()
         self.governor = resolve_governor(governor)
@@ -172,8 +166,8 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         # given, so sharing stays correct; it just rebuilds when conversations interleave).
         self._pruners = PrunerPool(pruner, pruner_factory)
         self.record_messages = record_messages
-        self.count_steps = count_steps
-        self._clock = clock
+        self._copies = ModelCopies(self.governor.config.sdk_retries)
+        self._fallbacks = [self._copies(m) for m in fallback_models]
         self._tasks = LiveTasks(self.governor)
 
     # -- task scope ---------------------------------------------------------------------
@@ -244,39 +238,32 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     # -- model calls --------------------------------------------------------------------
 
     def _prepare(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
-        if self.count_steps:
-            self.governor.count_step("model")
-        elif (scope := self.governor.current_task()) is not None:
-            scope.model_calls += 1  # still reported at task_end, just not a budget step
+        """The request the model sees: pruned, and sent through the governed model copy."""
         scope = self.governor.current_task()
         before = request.messages
         pruned = self._pruners.prune(scope.task_id if scope is not None else None, list(before))
-        if pruned is None:
-            return request
-        emit_pruning(self.governor, before, pruned)
-        return request.override(messages=pruned)
+        if pruned is not None:
+            emit_pruning(self.governor, before, pruned)
+            request = request.override(messages=pruned)
+        governed = self._copies(request.model)
+        return request if governed is request.model else request.override(model=governed)
 
-    def _record(self, request: ModelRequest[Any], result: Any, started: float) -> None:
-        reply = last_ai_message(_response_messages(result))
-        fields: dict[str, Any] = {
-            "model": model_name(request.model),
-            "latency_s": self._clock() - started,
-            **usage_fields(reply),
+    def _model_call(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+        """The endpoint and the keyword options of ``governor.call_model`` for ``request``."""
+        messages, system = request.messages, request.system_message
+        options: dict[str, Any] = {
+            "describe": describe(request.model, messages, system, self.record_messages and self.governor.emitting),
+            "estimated_tokens": lambda: prompt_tokens(messages, system),
+            "compact": self._compact if self._pruners.enabled else None,
+            "fallbacks": [(endpoint_of(m), _sent_to(m, handler)) for m in self._fallbacks],
         }
-        if self.record_messages and self.governor.emitting:
-            seen: list[BaseMessage] = list(request.messages)
-            if request.system_message is not None:
-                seen.insert(0, request.system_message)
-            fields["messages"] = openai_messages(seen)
-        self.governor.emit("model_call", **fields)
-        # token / cost budgets (max_tokens, max_cost) are checked at the next step
-        self.governor.record_usage(
-            fields["model"],
-            fields.get("input_tokens") or 0,
-            fields.get("output_tokens") or 0,
-            fields.get("cache_read_tokens") or 0,
-            fields.get("cache_creation_tokens") or 0,
-        )
+        return endpoint_of(request.model), options
+
+    @staticmethod
+    def _compact(request: ModelRequest[Any]) -> ModelRequest[Any] | None:
+        """After ``context_length_exceeded``: the same request, compacted as hard as is safe."""
+        compacted = emergency_compact(request.messages, keep_last=1)
+        return None if compacted is None else request.override(messages=compacted)
 
     def wrap_model_call(
         self,
@@ -285,10 +272,8 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     ) -> Any:
         with self._scope(request.state, request.runtime):
             request = self._prepare(request)
-            started = self._clock()
-            result = handler(request)
-            self._record(request, result, started)
-            return result
+            endpoint, options = self._model_call(request, handler)
+            return self.governor.call_model(endpoint, handler, request, **options)
 
     async def awrap_model_call(
         self,
@@ -297,10 +282,8 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     ) -> Any:
         with self._scope(request.state, request.runtime):
             request = self._prepare(request)
-            started = self._clock()
-            result = await handler(request)
-            self._record(request, result, started)
-            return result
+            endpoint, options = self._model_call(request, handler)
+            return await self.governor.acall_model(endpoint, handler, request, **options)
 
     # -- tool calls ---------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
 """loop-governor: reliable agent loops.
 
-Tool failures become typed signals (transient / permanent / fatal) with retries, backoff,
-a task retry budget and circuit breakers; see :class:`Governor`.
+Tool and model failures become typed signals (transient / permanent / fatal) with
+retries, backoff, a task retry budget, circuit breakers and shared rate limits; see
+:class:`Governor` (``call`` for tools, ``call_model`` for model calls).
 """
 
 from loop_governor.classify import ErrorInfo, Rule, classify, normalize_message
-from loop_governor.config import GovernorConfig, ModelPrice, ToolPolicy
+from loop_governor.config import GovernorConfig, ModelPolicy, ModelPrice, ToolPolicy
 from loop_governor.errors import (
     AgentToolError,
     BudgetExhaustedError,
@@ -26,6 +27,7 @@ from loop_governor.governor import (
     set_default_governor,
 )
 from loop_governor.redaction import redact
+from loop_governor.usage import Usage
 
 __version__ = "0.1.0"
 
@@ -40,6 +42,7 @@ __all__ = [
     "Governor",
     "GovernorConfig",
     "LoopDetectedError",
+    "ModelPolicy",
     "ModelPrice",
     "NoProgressError",
     "PermanentError",
@@ -47,6 +50,7 @@ __all__ = [
     "TaskScope",
     "ToolPolicy",
     "TransientError",
+    "Usage",
     "__version__",
     "call_key",
     "classify",

@@ -14,6 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import TYPE_CHECKING
+
+from loop_governor.call import AttemptPolicy, Call, Refused
+from loop_governor.errors import ErrorType
+from loop_governor.outcome import circuit_open
+
+if TYPE_CHECKING:
+    from loop_governor.runtime import Runtime
 
 
 class BreakerState(str, Enum):
@@ -115,3 +123,57 @@ def force(state: BreakerState | str, now: float) -> BreakerRecord:
     if state is BreakerState.OPEN:
         return BreakerRecord(BreakerState.OPEN, 0, now, 0.0)
     return BreakerRecord(BreakerState.HALF_OPEN, 0, now, 0.0)
+
+
+class Breaker(AttemptPolicy):
+    """The call's breaker (per tool, per model endpoint), consulted on every attempt.
+
+    A first attempt may be admitted as the half-open probe; a retry never is: it runs
+    only while the breaker is closed (another caller's failures may have opened it during
+    our backoff). A permanent failure is an answer -- the service is up -- so it counts
+    as a success for the breaker; transient and fatal ones count against it.
+    """
+
+    __slots__ = ("rt",)
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def before_attempt(self, call: Call) -> float:
+        rt, key = self.rt, call.breaker_key
+        admission = call.admission
+        if call.attempt or admission is None:  # else: admitted by the governor's fast path
+            if call.attempt and rt.store.breaker_get(key).state is not BreakerState.CLOSED:
+                raise Refused("breaker")
+            admission, transition = rt.store.breaker_admit(key, rt.clock, call.policy.breaker)
+            if transition is not None:
+                self.transition(key, transition)
+        if not admission.allowed:
+            if call.attempt:
+                raise Refused("breaker")
+            raise Refused("breaker", circuit_open(call.kind, call.name, admission))
+        call.admission = admission
+        return 0.0
+
+    def after_attempt_failure(self, call: Call) -> None:
+        info, admission = call.info, call.admission
+        if info is None:
+            return
+        self.record(call, info.error_type is ErrorType.PERMANENT, admission is not None and admission.probe)
+        call.admission = ADMIT_DIRTY
+        if not call.veto and self.rt.store.breaker_get(call.breaker_key).state is BreakerState.OPEN:
+            call.veto = "breaker"  # our failure (or another caller's) opened it: don't sleep for nothing
+
+    def after_attempt_success(self, call: Call) -> None:
+        admission = call.admission
+        if admission is not None and admission.dirty:
+            self.record(call, True, admission.probe)
+
+    def record(self, call: Call, ok: bool, probe: bool) -> None:
+        rt = self.rt
+        transition = rt.store.breaker_record(call.breaker_key, ok, probe, rt.clock(), call.policy.breaker)
+        if transition is not None:
+            self.transition(call.breaker_key, transition)
+
+    def transition(self, key: str, transition: Transition) -> None:
+        self.rt.events.emit("breaker", tool=key, from_state=transition[0].value, to_state=transition[1].value)

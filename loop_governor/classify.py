@@ -797,6 +797,21 @@ def classify(
     except Exception:
         unknown_type = ErrorType.PERMANENT
     try:
+        if isinstance(exc, BaseException) and not isinstance(exc, Exception):
+            # Cancellation and interpreter exits (CancelledError, KeyboardInterrupt,
+            # SystemExit, GeneratorExit): not a failure of the call, and never to be
+            # retried. The governor lets them propagate without classifying them; for any
+            # other caller the answer is "the run stops".
+            name = type(exc).__name__
+            return ErrorInfo(
+                ErrorType.FATAL,
+                False,
+                code="cancelled",
+                signature=f"{tool or '-'}:{name}:cancelled",
+                message=name,
+                exception_type=name,
+                evidence="type",
+            )
         if not isinstance(exc, BaseException):
             text = truncate(redact(_safe_str(exc)))
             return ErrorInfo(

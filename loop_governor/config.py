@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -44,6 +44,31 @@ class ToolPolicy(BaseModel):
     unknown_error: ErrorClass | None = None
     rate_limit_per_s: float | None = Field(default=None, gt=0)
     rate_burst: int | None = Field(default=None, ge=1)
+    max_calls: int | None = Field(default=None, ge=1, description="calls of this tool per task (hard stop)")
+
+
+class ModelPolicy(BaseModel):
+    """Per model endpoint (``"openai:gpt-4o"``) or provider (``"openai"``) overrides.
+
+    ``rpm`` / ``tpm`` are the provider's request and token limits for the key the
+    endpoint calls with, shared by every process on the same store (a fleet waits its
+    turn instead of collecting 429s). Every endpoint matched by one entry shares its
+    buckets, unless ``rate_key`` names another bucket.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retry_max_attempts: int | None = Field(default=None, ge=1, le=100)
+    retry_base_delay: float | None = Field(default=None, ge=0)
+    retry_max_delay: float | None = Field(default=None, ge=0)
+    breaker_failure_threshold: int | None = Field(default=None, ge=1)
+    breaker_cooldown_s: float | None = Field(default=None, gt=0)
+    unknown_error: ErrorClass | None = None
+    rpm: float | None = Field(default=None, gt=0, description="requests per minute")
+    tpm: float | None = Field(default=None, gt=0, description="tokens (prompt + completion) per minute")
+    rpm_burst: int | None = Field(default=None, ge=1, description="requests at once; default one second's worth")
+    tpm_burst: int | None = Field(default=None, ge=1, description="tokens at once; default ten seconds' worth")
+    rate_key: str | None = Field(default=None, min_length=1, description="bucket shared with other entries")
 
 
 class ModelPrice(BaseModel):
@@ -65,13 +90,34 @@ class ModelPrice(BaseModel):
 
 
 class ResolvedPolicy:
-    """A tool's effective settings, computed once per tool and cached (hot path)."""
+    """A tool's or model endpoint's effective settings, computed once and cached (hot path).
 
-    __slots__ = ("base_delay", "breaker", "burst", "jitter", "max_attempts", "max_delay", "rate_per_s", "unknown_error")
+    ``rate_per_s`` / ``burst`` limit requests, ``tokens_per_s`` / ``token_burst`` limit
+    tokens (models only), both in the bucket named ``rate_key``.
+    """
 
-    def __init__(self, config: GovernorConfig, override: ToolPolicy | None) -> None:
-        o = override or ToolPolicy()
-        self.max_attempts: int = 1 if not o.retry else (o.retry_max_attempts or config.retry_max_attempts)
+    __slots__ = (
+        "base_delay",
+        "breaker",
+        "burst",
+        "jitter",
+        "max_attempts",
+        "max_calls",
+        "max_delay",
+        "rate_key",
+        "rate_per_s",
+        "rated",
+        "token_burst",
+        "tokens_per_s",
+        "unknown_error",
+    )
+
+    def __init__(
+        self, config: GovernorConfig, override: ToolPolicy | ModelPolicy | None, rate_key: str, *, model: bool = False
+    ) -> None:
+        o = override or (ModelPolicy() if model else ToolPolicy())
+        retry = o.retry if isinstance(o, ToolPolicy) else True
+        self.max_attempts: int = 1 if not retry else (o.retry_max_attempts or config.retry_max_attempts)
         self.base_delay: float = config.retry_base_delay if o.retry_base_delay is None else o.retry_base_delay
         self.max_delay: float = config.retry_max_delay if o.retry_max_delay is None else o.retry_max_delay
         self.jitter: float = config.retry_jitter
@@ -80,9 +126,22 @@ class ResolvedPolicy:
             o.breaker_cooldown_s or config.breaker_cooldown_s,
         )
         self.unknown_error: ErrorClass = o.unknown_error or config.unknown_error
-        self.rate_per_s: float | None = o.rate_limit_per_s or config.rate_limit_per_s
-        burst = o.rate_burst or config.rate_burst
-        self.burst: float = float(burst) if burst else max(1.0, float(self.rate_per_s or 1.0))
+        self.max_calls: int | None = o.max_calls if isinstance(o, ToolPolicy) else None
+        self.tokens_per_s: float | None = None
+        self.token_burst: float = 1.0
+        if isinstance(o, ModelPolicy):
+            self.rate_key = f"model:{o.rate_key or rate_key}"
+            self.rate_per_s: float | None = o.rpm / 60.0 if o.rpm else None
+            self.burst: float = float(o.rpm_burst) if o.rpm_burst else max(1.0, (o.rpm or 60.0) / 60.0)
+            if o.tpm:
+                self.tokens_per_s = o.tpm / 60.0
+                self.token_burst = float(o.tpm_burst) if o.tpm_burst else max(1.0, o.tpm / 6.0)
+        else:
+            self.rate_key = rate_key
+            self.rate_per_s = o.rate_limit_per_s or config.rate_limit_per_s
+            burst = o.rate_burst or config.rate_burst
+            self.burst = float(burst) if burst else max(1.0, float(self.rate_per_s or 1.0))
+        self.rated: bool = self.rate_per_s is not None or self.tokens_per_s is not None
 
 
 class GovernorConfig(BaseSettings):
@@ -104,7 +163,11 @@ class GovernorConfig(BaseSettings):
     breaker_failure_threshold: int = Field(default=5, ge=1)
     breaker_cooldown_s: float = Field(default=60.0, gt=0)
     repeated_error_threshold: int = Field(default=3, ge=1, description="same tool+signature failures")
-    max_steps: int | None = Field(default=None, ge=1, description="model + tool calls per task")
+    max_steps: int | None = Field(
+        default=None, ge=1, description="agent iterations per task: a model decision and the tool calls it asked for"
+    )
+    max_model_calls: int | None = Field(default=None, ge=1, description="model calls per task")
+    max_tool_calls: int | None = Field(default=None, ge=1, description="tool calls per task")
     max_tokens: int | None = Field(default=None, ge=1, description="model tokens (in + out) per task")
     max_cost: float | None = Field(default=None, gt=0, description="per task, priced with `prices`")
     max_wall_s: float | None = Field(default=None, gt=0, description="wall-clock seconds per task")
@@ -118,6 +181,14 @@ class GovernorConfig(BaseSettings):
     checkpoint_url: str | None = None
     trace_path: str | None = None
     tools: dict[str, ToolPolicy] = Field(default_factory=dict)
+    models: dict[str, ModelPolicy] = Field(
+        default_factory=dict, description='per endpoint ("openai:gpt-4o") or provider ("openai")'
+    )
+    sdk_retries: Literal["off", "keep"] = Field(
+        default="off",
+        description="off: adapters switch the provider SDK's own retries off, so the governor's retries are the "
+        "only ones; keep: each governed attempt may be several requests",
+    )
 
     @field_validator("store_url")
     @classmethod
@@ -164,13 +235,31 @@ class GovernorConfig(BaseSettings):
         return cls(**merged)
 
     def policy_for(self, tool: str) -> ResolvedPolicy:
-        override = self.tools.get(tool)
-        if override is None:
-            # Environment variables arrive lower-cased (LOOP_GOVERNOR_TOOLS__sendEmail__RETRY
-            # becomes "sendemail"): a tool's policy must not silently vanish because of it.
-            folded = tool.casefold()
-            override = next((p for name, p in self.tools.items() if name.casefold() == folded), None)
-        return ResolvedPolicy(self, override)
+        override = _lookup(self.tools, tool)
+        return ResolvedPolicy(self, override, tool)
+
+    def model_policy_for(self, endpoint: str) -> ResolvedPolicy:
+        """``endpoint`` is ``provider:model`` (or a base URL): the exact entry wins, then
+        the provider's (the part before the first ``:``)."""
+        key = endpoint
+        override = _lookup(self.models, endpoint)
+        if override is None and ":" in endpoint:
+            key = endpoint.split(":", 1)[0]
+            override = _lookup(self.models, key)
+        return ResolvedPolicy(self, override, key if override is not None else endpoint, model=True)
+
+
+_P = TypeVar("_P", ToolPolicy, ModelPolicy)
+
+
+def _lookup(table: dict[str, _P], name: str) -> _P | None:
+    found = table.get(name)
+    if found is None:
+        # Environment variables arrive lower-cased (LOOP_GOVERNOR_TOOLS__sendEmail__RETRY
+        # becomes "sendemail"): a policy must not silently vanish because of it.
+        folded = name.casefold()
+        found = next((p for key, p in table.items() if key.casefold() == folded), None)
+    return found
 
 
 def _read_toml_table(path: Path) -> dict[str, Any]:

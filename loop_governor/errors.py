@@ -143,21 +143,11 @@ class PermanentError(AgentToolError):
 
 
 class FatalError(AgentToolError):
-    """The run cannot continue (credentials, billing); adapters let it stop the run."""
+    """The run cannot continue (credentials, billing, a spent budget, a loop that ignored
+    every warning); adapters let it stop the run. ``partial_results`` holds what the
+    task finished before it stopped (its sub-results, also in the checkpoint)."""
 
     default_type = ErrorType.FATAL
-
-
-class CircuitOpenError(TransientError):
-    """The tool's breaker is open: the call was not made."""
-
-
-class LoopDetectedError(PermanentError):
-    """The same tool failed the same way repeatedly in this task: stop repeating it."""
-
-
-class _RunStopped(FatalError):
-    """A fatal stop that hands back what the task finished before it stopped."""
 
     def __init__(
         self,
@@ -170,11 +160,19 @@ class _RunStopped(FatalError):
         self.partial_results: list[Any] = list(partial_results or [])
 
 
-class BudgetExhaustedError(_RunStopped):
+class CircuitOpenError(TransientError):
+    """The tool's breaker is open: the call was not made."""
+
+
+class LoopDetectedError(PermanentError):
+    """The same tool failed the same way repeatedly in this task: stop repeating it."""
+
+
+class BudgetExhaustedError(FatalError):
     """A task budget (steps, tokens, cost, time) ran out; carries the partial results."""
 
 
-class NoProgressError(LoopDetectedError, _RunStopped):
+class NoProgressError(LoopDetectedError, FatalError):
     """The loop kept going after being told its tool's verdict no longer changes: end the run.
 
     Both a :class:`LoopDetectedError` (what happened) and a :class:`FatalError` (what

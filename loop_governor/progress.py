@@ -17,7 +17,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from loop_governor.call import TOOL, Call, Policy
+from loop_governor.checkpointing import stop_run
+from loop_governor.errors import ErrorType, GovernedError, NoProgressError
+
+if TYPE_CHECKING:
+    from loop_governor.runtime import Runtime
 
 NOTE = (
     "[loop-governor] {tool} returned the same result {count} times in a row: its verdict has not "
@@ -138,3 +145,35 @@ class ProgressGuard:
             self._warned.add(tool)
             return Verdict("warn", "no_progress", count)
         return Verdict("stop", "no_progress", count)
+
+
+class NoProgress(Policy):
+    """Feeds each successful tool result to the task's :class:`ProgressGuard`: warns the
+    model once in the result, then stops the run if the verdict still does not change."""
+
+    kinds = frozenset({TOOL})
+    __slots__ = ("rt",)
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        scope = call.scope
+        assert scope is not None
+        tool = call.name
+        verdict = scope.progress.observe(tool, result_text(result), lambda: call.key)
+        if verdict is OK:
+            return result
+        self.rt.events.emit("no_progress", tool=tool, count=verdict.count, action=verdict.action)
+        if verdict.action == "warn":
+            return annotate(result, NOTE.format(tool=tool, count=verdict.count))
+        info = GovernedError(
+            error_type=ErrorType.FATAL,
+            tool=tool,
+            code="no_progress",
+            message=f"{tool} returned the same result {verdict.count} times in a row after the model was told",
+            signature=f"{tool}:NoProgressError:no progress",
+            advice="the loop stopped making progress: stop and report what was done",
+            count=verdict.count,
+        )
+        raise stop_run(self.rt, scope, NoProgressError(info))

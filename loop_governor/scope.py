@@ -7,16 +7,14 @@ framework code, and it follows asyncio tasks.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import itertools
-import json
+import contextlib
 import threading
-import weakref
+from collections.abc import Iterator
 from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from loop_governor.keys import call_key
 from loop_governor.progress import ProgressGuard
 
 if TYPE_CHECKING:
@@ -27,51 +25,7 @@ _SCOPE: ContextVar[TaskScope | None] = ContextVar("loop_governor_task", default=
 # Framework facts about the call in flight (e.g. LangChain's tool_call_id) for its events.
 _CALL_META: ContextVar[dict[str, Any] | None] = ContextVar("loop_governor_call_meta", default=None)
 
-
-_OPAQUE_IDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-_OPAQUE_COUNTER = itertools.count()
-_OPAQUE_LOCK = threading.Lock()
-
-
-def _canonical(value: Any) -> Any:
-    """JSON for an argument ``json`` can't encode, stable for equal values.
-
-    Never ``repr``: reprs abbreviate (large arrays print ``...``) and vary between
-    processes (set order), so two different calls could share a key and one would get
-    the other's known-bad error or checkpointed result.
-    """
-    dump = getattr(value, "model_dump", None)  # pydantic models
-    if callable(dump):
-        try:
-            return dump(mode="json")
-        except Exception:
-            pass
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(json.dumps(v, sort_keys=True, default=_canonical) for v in value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"bytes_sha256": hashlib.sha256(bytes(value)).hexdigest()}
-    tolist = getattr(value, "tolist", None)  # numpy / array-likes, in full
-    if callable(tolist):
-        try:
-            return {"array": tolist()}
-        except Exception:
-            pass
-    # Nothing stable to say: the object's identity, so different objects never share a
-    # key (in another process the call simply runs again, which is safe).
-    try:
-        with _OPAQUE_LOCK:
-            serial = _OPAQUE_IDS.setdefault(value, next(_OPAQUE_COUNTER))
-    except TypeError:  # not weak-referenceable
-        serial = id(value)
-    return {"object": f"{type(value).__module__}.{type(value).__qualname__}", "serial": serial}
-
-
-def call_key(tool: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> str:
-    """A stable key for "this tool with these arguments": tool + digest of canonical JSON."""
-    payload = json.dumps([list(args), kwargs or {}], sort_keys=True, separators=(",", ":"), default=_canonical)
-    return f"{tool}:{hashlib.sha256(payload.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}"
+__all__ = ["TaskScope", "call_key"]
 
 
 class TaskScope:
@@ -79,6 +33,7 @@ class TaskScope:
 
     __slots__ = (
         "_token",
+        "calls_by_tool",
         "checkpoint",
         "checkpoint_lock",
         "cost",
@@ -101,6 +56,7 @@ class TaskScope:
         self.steps = 0
         self.tool_calls = 0
         self.model_calls = 0
+        self.calls_by_tool: dict[str, int] = {}  # only tools with their own max_calls
         self.known_bad = 0
         self.results: list[Any] = []
         self.results_saved = 0  # how many of ``results`` the checkpoint store already has
@@ -150,6 +106,22 @@ class TaskScope:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.__exit__(exc_type, exc, tb)
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[TaskScope]:
+        """This (already open) scope as the current one for the block, without starting or
+        ending it (see ``Governor.attach``)."""
+        token = _SCOPE.set(self)
+        try:
+            yield self
+        finally:
+            _SCOPE.reset(token)
+
+    def calls_of(self, tool: str) -> int:
+        return self.calls_by_tool.get(tool, 0)
+
+    def count_call(self, tool: str) -> None:
+        self.calls_by_tool[tool] = self.calls_by_tool.get(tool, 0) + 1
 
     def add_result(self, value: Any) -> None:
         """Keep a sub-task result: delivered with BudgetExhaustedError if the task is cut short."""

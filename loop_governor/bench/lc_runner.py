@@ -146,7 +146,7 @@ class LangChainRunner:
             governor = world.governor
             assert governor is not None
             tools = list(govern_tools(tools, governor))
-            middleware = [GovernorMiddleware(governor, record_messages=False, clock=world.clock)]
+            middleware = [GovernorMiddleware(governor, record_messages=False)]
         agent = create_agent(model, tools, system_prompt=spec.goal, middleware=middleware)
         inputs: Any = {"messages": [{"role": "user", "content": spec.goal}]}
         config: Any = {"recursion_limit": 10_000}

@@ -8,11 +8,12 @@ any backend that honours this protocol behaves the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from loop_governor.breaker import Admission, BreakerPolicy, BreakerRecord, BreakerState, Transition
+from loop_governor.ratelimit import Bucket
 
 Clock = Callable[[], float]
 
@@ -52,6 +53,12 @@ class Store(Protocol):
     def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
         """Take one token from the tool's bucket: 0.0 if admitted, else seconds to wait
         (nothing taken). See :func:`loop_governor.ratelimit.take_token`."""
+        ...
+
+    def rate_acquire_all(self, buckets: Sequence[Bucket], now: float) -> float:
+        """Take each ``(key, rate_per_s, burst, cost)`` bucket's cost, all or nothing, in
+        one atomic step: 0.0 if admitted, else seconds to wait (nothing taken). See
+        :func:`loop_governor.ratelimit.take_all`."""
         ...
 
     # -- per-task state --

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 
 from loop_governor.breaker import (
     ADMIT,
@@ -17,7 +18,7 @@ from loop_governor.breaker import (
     force,
     record,
 )
-from loop_governor.ratelimit import take_token
+from loop_governor.ratelimit import Bucket, take_all
 from loop_governor.stores.base import BreakerStatus, Clock
 
 _CLOSED = BreakerState.CLOSED
@@ -71,8 +72,13 @@ class MemoryStore:
             self._breakers[tool] = force(state, now)
 
     def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
+        return self.rate_acquire_all([(tool, rate_per_s, burst, 1.0)], now)
+
+    def rate_acquire_all(self, buckets: Sequence[Bucket], now: float) -> float:
         with self._lock:
-            self._buckets[tool], wait = take_token(self._buckets.get(tool), rate_per_s, burst, now)
+            states, wait = take_all([self._buckets.get(b[0]) for b in buckets], buckets, now)
+            for bucket, state in zip(buckets, states, strict=True):
+                self._buckets[bucket[0]] = state
             return wait
 
     def budget_take(self, task_id: str, limit: int) -> bool:

@@ -8,7 +8,7 @@ functions remain the specification.
 
 Hot path: a closed breaker is admitted in one round trip (one HMGET), and the clock is
 read only when the breaker is not closed (then the admit script runs with ``now``). A
-rate-limited tool uses ``admit_rate``: breaker and token bucket in one script call.
+rate-limited call takes from all its buckets (requests, tokens) in one script call.
 
 Redis unreachable (or misbehaving): the store never raises into the agent. It switches to
 an in-process :class:`MemoryStore`, reports ``store_fallback`` through ``on_event`` and
@@ -29,7 +29,7 @@ import math
 import random as _random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -50,6 +50,7 @@ from loop_governor.breaker import (
     Transition,
     force,
 )
+from loop_governor.ratelimit import Bucket
 from loop_governor.redaction import mask_url as _mask_url
 from loop_governor.redaction import redact
 from loop_governor.stores.base import BreakerStatus, Clock
@@ -173,61 +174,35 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 
-# Token bucket. A clock that steps back (another host's) neither refills nor rewinds it.
-# A refused caller takes nothing (the refill so far is kept).
-_TOKEN_LUA = """
-local function take_token(key, rate, burst, now, ttl)
+# Token buckets, all or nothing (loop_governor.ratelimit.take_all): every bucket is
+# refilled; if each holds its cost (capped at its burst) all are debited, else none is and
+# the longest wait is returned. A clock that steps back neither refills nor rewinds.
+# KEYS: buckets. ARGV: now, then per bucket: rate_per_s, burst, cost, ttl_ms.
+# Reply: seconds to wait ('0' = admitted).
+_RATE_LUA = """
+local now = tonumber(ARGV[1])
+local tokens, stamps, wait = {}, {}, 0
+for i, key in ipairs(KEYS) do
+  local rate, burst, cost = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i])
   local h = redis.call('HMGET', key, 't', 'ts')
-  local tokens, ts = tonumber(h[1]), tonumber(h[2])
-  if tokens == nil or ts == nil then tokens, ts = burst, now end
+  local t, ts = tonumber(h[1]), tonumber(h[2])
+  if t == nil or ts == nil then t, ts = burst, now end
   if now > ts then
-    tokens = math.min(burst, tokens + (now - ts) * rate)
+    t = math.min(burst, t + (now - ts) * rate)
     ts = now
   end
-  local wait = 0
-  if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
-  redis.call('HSET', key, 't', string.format('%.17g', tokens), 'ts', string.format('%.17g', ts))
-  redis.call('PEXPIRE', key, ttl)
-  return wait
+  local need = math.min(cost, burst)
+  if t < need then wait = math.max(wait, (need - t) / rate) end
+  tokens[i], stamps[i] = t, ts
 end
-"""
-
-# ARGV: rate_per_s, burst, now, ttl_ms. Reply: seconds to wait ('0' = admitted).
-_RATE_LUA = (
-    _TOKEN_LUA
-    + """
-local wait = take_token(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
+for i, key in ipairs(KEYS) do
+  local t = tokens[i]
+  if wait == 0 then t = t - math.min(tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i - 1])) end
+  redis.call('HSET', key, 't', string.format('%.17g', t), 'ts', string.format('%.17g', stamps[i]))
+  redis.call('PEXPIRE', key, ARGV[4 * i + 1])
+end
 return string.format('%.17g', wait)
 """
-)
-
-# breaker.admit() and the tool's token bucket in one round trip. The breaker decides
-# first; a refused call takes no token; a call the rate limit holds back takes no probe.
-# KEYS: breaker, bucket. ARGV: now, cooldown_s, breaker_ttl_ms, rate_per_s, burst, bucket_ttl_ms.
-# Replies: as _ADMIT_LUA, or {'wait', seconds}.
-_ADMIT_RATE_LUA = (
-    _LUA_HELPERS
-    + _TOKEN_LUA
-    + """
-local s, f, o, p = load(KEYS[1])
-local now, cooldown, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local probe_from = nil
-if s == 'open' then
-  local ready_at = o + cooldown
-  if now < ready_at then return {'deny', s, tostring(f), fmt(ready_at - now)} end
-  probe_from = 'open'
-elseif s == 'half_open' then
-  local stale_at = p + cooldown
-  if now < stale_at then return {'deny', s, tostring(f), fmt(stale_at - now)} end
-  probe_from = ''
-end
-local wait = take_token(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]), now, ARGV[6])
-if wait > 0 then return {'wait', fmt(wait)} end
-if probe_from == nil then return {'closed', tostring(f)} end
-put(KEYS[1], 'half_open', f, o, now, ttl)
-return {'probe', probe_from}
-"""
-)
 
 
 def _num(x: float) -> str:
@@ -347,7 +322,6 @@ class RedisStore:
         self._merge_breaker = self._redis.register_script(_MERGE_BREAKER_LUA)
         self._budget = self._redis.register_script(_BUDGET_LUA)
         self._rate = self._redis.register_script(_RATE_LUA)
-        self._admit_rate = self._redis.register_script(_ADMIT_RATE_LUA)
         self._fallback = MemoryStore()
         self._monotonic = monotonic
         self._random = random or _random.Random().random
@@ -806,75 +780,29 @@ class RedisStore:
     # -- rate limits (per tool, fleet-wide) ----------------------------------------------
 
     def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
-        """Take one token from ``tool``'s shared bucket: 0.0 if admitted, else seconds to wait.
+        """Take one token from ``tool``'s shared bucket: 0.0 if admitted, else seconds to wait."""
+        return self.rate_acquire_all([(tool, rate_per_s, burst, 1.0)], now)
 
-        A refused caller took nothing; it should wait the returned time and ask again.
-        While Redis is away each process limits itself to the full rate on its own.
-        """
-        if rate_per_s <= 0 or burst < 1:
-            raise ValueError("rate_per_s must be > 0 and burst >= 1")
+    def rate_acquire_all(self, buckets: Sequence[Bucket], now: float) -> float:
+        """Take each bucket's cost, all or nothing, fleet-wide: 0.0 if admitted, else the
+        seconds to wait (nothing was taken; wait, then ask again). While Redis is away each
+        process limits itself to the full rates on its own."""
+        for _, rate_per_s, burst, _ in buckets:
+            if rate_per_s <= 0 or burst < 1:
+                raise ValueError("rate_per_s must be > 0 and burst >= 1")
         while True:
             if self._available():
-                args: list[str | int] = [
-                    _num(rate_per_s),
-                    _num(burst),
-                    _num(now),
-                    self._bucket_ttl_ms(rate_per_s, burst),
-                ]
+                args: list[str | int] = [_num(now)]
+                for _, rate_per_s, burst, cost in buckets:
+                    args += [_num(rate_per_s), _num(burst), _num(cost), self._bucket_ttl_ms(rate_per_s, burst)]
                 try:
-                    reply = self._rate(keys=[self._rkey(tool)], args=args)
+                    reply = self._rate(keys=[self._rkey(b[0]) for b in buckets], args=args)
                     return float(reply)
                 except (redis.RedisError, OSError) as exc:
                     self._fail("rate_acquire", exc)
-            wait = self._local(lambda fb, o: fb.rate_acquire(tool, rate_per_s, burst, now))
+            wait = self._local(lambda fb, o: fb.rate_acquire_all(buckets, now))
             if wait is not _Retry.RETRY:
                 return wait
-
-    def admit_rate(
-        self, tool: str, clock: Clock, policy: BreakerPolicy, rate_per_s: float, burst: float
-    ) -> tuple[Admission, Transition | None, float]:
-        """``breaker_admit`` and ``rate_acquire`` in one round trip, for rate-limited tools.
-
-        Returns ``(admission, transition, wait)``. ``wait > 0``: the rate limit holds the
-        call back; nothing was taken (no token, no probe): wait, then ask again. Otherwise
-        the admission is final, as from ``breaker_admit`` (a refused call took no token).
-        """
-        if rate_per_s <= 0 or burst < 1:
-            raise ValueError("rate_per_s must be > 0 and burst >= 1")
-        now = clock()
-        while True:
-            if self._available():
-                args: list[str | int] = [
-                    _num(now),
-                    _num(policy.cooldown_s),
-                    self._breaker_ttl_ms(policy),
-                    _num(rate_per_s),
-                    _num(burst),
-                    self._bucket_ttl_ms(rate_per_s, burst),
-                ]
-                try:
-                    reply = self._admit_rate(keys=[self._bkey(tool), self._rkey(tool)], args=args)
-                    if reply[0] == "wait":
-                        return ADMIT, None, float(reply[1])
-                    adm, transition = self._admission(reply)
-                    return adm, transition, 0.0
-                except (redis.RedisError, OSError) as exc:
-                    self._fail("admit_rate", exc)
-
-            def local(fb: MemoryStore, o: _Outage) -> tuple[Admission, Transition | None, float]:
-                o.tools.add(tool)
-                # Local fallback, not one atomic step: peek at the breaker so a refused call
-                # doesn't spend a token.
-                if fb.breaker_get(tool).state is BreakerState.CLOSED:
-                    wait = fb.rate_acquire(tool, rate_per_s, burst, now)
-                    if wait > 0:
-                        return ADMIT, None, wait
-                adm, transition = fb.breaker_admit(tool, lambda: now, policy)
-                return adm, transition, 0.0
-
-            result = self._local(local)
-            if result is not _Retry.RETRY:
-                return result
 
     def close(self) -> None:
         try:

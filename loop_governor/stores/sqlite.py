@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from loop_governor.breaker import (
@@ -21,7 +21,7 @@ from loop_governor.breaker import (
     force,
     record,
 )
-from loop_governor.ratelimit import take_token
+from loop_governor.ratelimit import Bucket, State, take_all
 from loop_governor.stores.base import BreakerStatus, Clock
 
 _SCHEMA = """
@@ -135,13 +135,19 @@ class SQLiteStore:
             self._put(conn, tool, force(state, now))
 
     def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
+        return self.rate_acquire_all([(tool, rate_per_s, burst, 1.0)], now)
+
+    def rate_acquire_all(self, buckets: Sequence[Bucket], now: float) -> float:
         with self._tx() as conn:
-            row = conn.execute("SELECT tokens, ts FROM rate_buckets WHERE tool = ?", (tool,)).fetchone()
-            state, wait = take_token((float(row[0]), float(row[1])) if row else None, rate_per_s, burst, now)
-            conn.execute(
+            before: list[State | None] = []
+            for bucket in buckets:
+                row = conn.execute("SELECT tokens, ts FROM rate_buckets WHERE tool = ?", (bucket[0],)).fetchone()
+                before.append((float(row[0]), float(row[1])) if row else None)
+            states, wait = take_all(before, buckets, now)
+            conn.executemany(
                 "INSERT INTO rate_buckets (tool, tokens, ts) VALUES (?, ?, ?) "
                 "ON CONFLICT(tool) DO UPDATE SET tokens = excluded.tokens, ts = excluded.ts",
-                (tool, state[0], state[1]),
+                [(b[0], st[0], st[1]) for b, st in zip(buckets, states, strict=True)],
             )
             return wait
 

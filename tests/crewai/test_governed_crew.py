@@ -188,6 +188,7 @@ def test_step_budget_stops_the_crew(kit: Any, make_governor: Callable[..., lg.Go
 
     with pytest.raises(lg.BudgetExhaustedError), install(governor):
         crew.kickoff()
-    # model, tool, model = 3 steps; the 4th step (a tool call) is refused and stops the run
-    assert len(llm.received) == 2
-    assert backend.count == 1
+    # a step is an iteration: a model decision and its tool call. Three ran; the 4th model
+    # call is refused and stops the run
+    assert len(llm.received) == 3
+    assert backend.count == 3

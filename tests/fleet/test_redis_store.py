@@ -139,7 +139,7 @@ def test_tool_and_task_names_with_separators_and_glob_characters(store: Any) -> 
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["admit", "admit_rate", "record_ok", "record_fail", "force"]),
+        st.sampled_from(["admit", "rate", "record_ok", "record_fail", "force"]),
         st.floats(min_value=0.0, max_value=7.0, allow_nan=False),  # time step
         st.booleans(),  # probe flag for record
         st.sampled_from(["closed", "open", "half_open"]),
@@ -164,8 +164,9 @@ def test_lua_transitions_match_the_python_reference(
             clock = FakeClock(now)
             if op == "admit":
                 assert red.breaker_admit(tool, clock, policy) == ref.breaker_admit(tool, clock, policy)
-            elif op == "admit_rate":  # an unlimited rate: exactly the breaker's decision
-                assert red.admit_rate(tool, clock, policy, 1e9, 1e9) == (*ref.breaker_admit(tool, clock, policy), 0.0)
+            elif op == "rate":  # two buckets, all or nothing: the same waits as the Python reference
+                buckets = [(tool, 1.0 + threshold, 2.0, 1.0), (f"{tool}:tokens", 50.0, 100.0, 10.0 * threshold)]
+                assert red.rate_acquire_all(buckets, now) == pytest.approx(ref.rate_acquire_all(buckets, now))
             elif op == "force":
                 red.breaker_force(tool, state, now)
                 ref.breaker_force(tool, state, now)
@@ -232,30 +233,20 @@ def test_rate_bucket_refills_at_the_rate_and_caps_at_burst(redis_server: Any, na
         store.rate_acquire("api", 0.0, 3.0, t)
 
 
-def test_admit_rate_is_breaker_then_bucket_in_one_step(redis_server: Any, namespace: str) -> None:
+def test_several_buckets_are_taken_all_or_nothing(redis_server: Any, namespace: str) -> None:
+    """A provider's request and token limits: a call held back by one spends nothing of the other."""
     store = RedisStore(redis_server.url, namespace=namespace)
-    clock = FakeClock(1000.0)
-    # Closed: each admission takes a token; an empty bucket holds the call back.
-    assert store.admit_rate("api", clock, POLICY, 1.0, 2.0) == (ADMIT, None, 0.0)
-    assert store.admit_rate("api", clock, POLICY, 1.0, 2.0) == (ADMIT, None, 0.0)
-    adm, tr, wait = store.admit_rate("api", clock, POLICY, 1.0, 2.0)
-    assert wait == pytest.approx(1.0) and tr is None
-    # Open: refused by the breaker, and no token is spent on a refused call.
-    store.breaker_force("api", "open", 1000.0)
-    clock.now = 1002.0  # the bucket refilled to its burst of 2
-    adm, tr, wait = store.admit_rate("api", clock, POLICY, 1.0, 2.0)
-    assert (adm.allowed, adm.state, wait) == (False, BreakerState.OPEN, 0.0)
-    assert store.rate_acquire("api", 1.0, 2.0, 1002.0) == 0.0
-    assert store.rate_acquire("api", 1.0, 2.0, 1002.0) == 0.0
-    # Cooldown over but no token: the probe is not consumed, the breaker stays open.
-    clock.now = 1010.0 + 1e-9
-    store.rate_acquire("api", 1.0, 2.0, clock.now)
-    store.rate_acquire("api", 1.0, 2.0, clock.now)
-    adm, tr, wait = store.admit_rate("api", clock, POLICY, 1.0, 2.0)
-    assert wait > 0 and store.breaker_get("api").state is BreakerState.OPEN
-    clock.now += wait
-    adm, tr, wait = store.admit_rate("api", clock, POLICY, 1.0, 2.0)
-    assert adm.probe and tr == (BreakerState.OPEN, BreakerState.HALF_OPEN) and wait == 0.0
+    t = 1000.0
+    requests, tokens = ("key", 10.0, 10.0, 1.0), ("key:tokens", 100.0, 1000.0, 600.0)
+    assert store.rate_acquire_all([requests, tokens], t) == 0.0
+    # 400 tokens left: the next 600-token call waits (600 - 400) / 100 = 2 s, and takes no request token
+    assert store.rate_acquire_all([requests, tokens], t) == pytest.approx(2.0)
+    assert [store.rate_acquire("key", 10.0, 10.0, t) for _ in range(9)] == [0.0] * 9
+    assert store.rate_acquire("key", 10.0, 10.0, t) == pytest.approx(0.1)
+    # a cost above the burst is capped at it: it waits for a full bucket instead of forever
+    big = ("big", 100.0, 500.0, 5000.0)
+    assert store.rate_acquire_all([big], t) == 0.0
+    assert store.rate_acquire_all([big], t) == pytest.approx(5.0)
 
 
 def test_success_path_costs_one_round_trip(redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -281,9 +272,9 @@ def test_success_path_costs_one_round_trip(redis_server: Any, namespace: str, mo
         assert len(sent) == 20
         # ... and that request is a plain read, not a script.
         assert monitor.info("commandstats")["cmdstat_hmget"]["calls"] - reads == 20
-        policy = gov.policy("search").breaker
-        assert store.admit_rate("search", FakeClock(5.0), policy, 100.0, 1000.0)[2] == 0.0
-        assert len(sent) == 22  # (the INFO above) + a rate-limited admission: one round trip too
+        buckets = [("provider", 100.0, 1000.0, 1.0), ("provider:tokens", 1e4, 1e5, 800.0)]
+        assert store.rate_acquire_all(buckets, 5.0) == 0.0
+        assert len(sent) == 22  # (the INFO above) + a request and a token limit: one round trip too
         monkeypatch.undo()
 
 
@@ -303,8 +294,8 @@ def test_unreachable_at_start_never_raises(namespace: str) -> None:
     assert store.breaker_record("api", False, False, 0.0, POLICY) is None
     assert store.budget_take("t", 1) and not store.budget_take("t", 1)
     assert store.rate_acquire("api", 1.0, 1.0, 0.0) == 0.0 and store.rate_acquire("api", 1.0, 1.0, 0.0) == 1.0
-    assert store.admit_rate("other", clock, POLICY, 1.0, 1.0) == (ADMIT, None, 0.0)
-    assert store.admit_rate("other", clock, POLICY, 1.0, 1.0)[2] == 1.0
+    assert store.rate_acquire_all([("other", 1.0, 1.0, 1.0)], 0.0) == 0.0
+    assert store.rate_acquire_all([("other", 1.0, 1.0, 1.0), ("x", 1.0, 1.0, 1.0)], 0.0) == 1.0
     assert store.signature_hit("t", "s") == 1
     store.known_bad_put("t", "k", "{}")
     assert store.known_bad_get("t", "k") == "{}" and store.known_bad_count("t") == 1

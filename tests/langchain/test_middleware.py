@@ -171,7 +171,8 @@ def test_model_calls_are_steps_of_one_task_with_usage_events(
     assert len(task_ids) == 1 and None not in task_ids  # model and tool nodes share one task
     ends = [e for e in events if e["event"] == "task_end"]
     assert len(ends) == 1
-    assert ends[0]["model_calls"] == 3 and ends[0]["tool_calls"] == 2 and ends[0]["steps"] == 5
+    # a step is an iteration: one model decision and the tool calls it asked for
+    assert ends[0]["model_calls"] == 3 and ends[0]["tool_calls"] == 2 and ends[0]["steps"] == 3
 
 
 def test_thread_id_names_the_task(lc: Any, governor: lg.Governor, events: list[dict[str, Any]]) -> None:
@@ -190,9 +191,11 @@ def test_max_steps_stops_a_runaway_agent(lc: Any, sleeps: Any) -> None:
     governor = lg.Governor(lg.GovernorConfig(max_steps=4), clock=sleeps.clock, sleep=sleeps.sleep)
     model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 100, lambda i: {"url": f"https://x/{i}"}))
     agent = create_agent(model, [fetch_tool(lc.Backend())], middleware=[GovernorMiddleware(governor)])
-    with pytest.raises(lg.BudgetExhaustedError):
+    with pytest.raises(lg.BudgetExhaustedError) as spent:
         agent.invoke({"messages": [("user", "go")]})
-    assert len(model.prompts) == 2  # model, tool, model, tool: the fifth step is refused
+    # four iterations (a model decision and its tool call) ran; the fifth model call is refused
+    assert len(model.prompts) == 4
+    assert spent.value.info.code == "max_steps"
 
 
 def test_a_scope_opened_by_the_caller_is_used(lc: Any, governor: lg.Governor, events: list[dict[str, Any]]) -> None:

@@ -1,0 +1,199 @@
+"""One governed call as a value, and the two shapes a policy can take.
+
+A governed call -- of a tool or of a model -- is described by one :class:`Call`: its
+kind, the name the breaker and rate limit key on, the task scope, the resolved settings
+and what the call learns on its way (attempts, the last failure's classification, why
+retrying stopped). Policies read and annotate it; nothing else is threaded through.
+
+Policies come in two shapes, each with at most three moments:
+
+* a :class:`Policy` wraps the whole call: ``before`` (may refuse by raising a governed
+  error, or short-circuit with :class:`Resumed`), ``after_failure`` (may record, or
+  replace the outcome with a stronger one) and ``after_success`` (may record, annotate
+  the result, or stop the run);
+* an :class:`AttemptPolicy` wraps each attempt inside the retry loop: ``before_attempt``
+  (may refuse with :class:`Refused`, or ask the caller to wait), ``after_attempt_failure``
+  (may veto further retries) and ``after_attempt_success``.
+
+tenacity owns the retry decision between attempts (see :mod:`loop_governor.retry`).
+The base classes' moments do nothing, and the chain skips a moment a policy does not
+override, so a policy with nothing to do costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from loop_governor.keys import call_key
+
+if TYPE_CHECKING:
+    from loop_governor.breaker import Admission
+    from loop_governor.classify import ErrorInfo
+    from loop_governor.config import ResolvedPolicy
+    from loop_governor.errors import AgentToolError
+    from loop_governor.scope import TaskScope
+    from loop_governor.usage import Usage
+
+TOOL = "tool"
+MODEL = "model"
+
+
+@dataclass(slots=True)
+class ModelOptions:
+    """What a model call adds to a call: how to read its usage and describe it, how to
+    shrink its prompt, and which models may answer instead."""
+
+    usage: Callable[[Any], Usage | None] | None = None
+    describe: Callable[[Any], dict[str, Any]] | None = None
+    estimate: int | Callable[[], int] | None = None  # prompt tokens; a callable is asked once, if needed
+    compact: Callable[..., Any] | None = None
+    fallbacks: Sequence[tuple[str, Callable[..., Any]]] = ()
+
+    def estimated_tokens(self) -> int | None:
+        """The prompt's estimated tokens (computed on first use: only a token rate limit
+        or a missing usage report needs them)."""
+        estimate = self.estimate
+        if callable(estimate):
+            try:
+                estimate = int(estimate())
+            except Exception:
+                estimate = None
+            self.estimate = estimate
+        return estimate
+
+
+class Call:
+    """One governed call and what it learned on the way.
+
+    No ``__slots__``: the per-call state defaults live on the class, so building a call
+    on the hot path sets only what differs (measured: a third cheaper than slots).
+    """
+
+    _key: str | None = None
+    attempt = 0  # attempts made so far
+    admission: Admission | None = None  # the breaker's verdict on the attempt in flight
+    info: ErrorInfo | None = None  # the last failed attempt's classification
+    exc: BaseException | None = None  # ... and its exception
+    stop_reason: str | None = None  # why the retry loop ended
+    veto: str | None = None  # a policy's reason to retry no more
+    pending: str | None = None  # work the next attempt must do first ("compact")
+    compacted = False
+    started = 0.0
+    waited_s = 0.0
+    usage: Usage | None = None
+    fallback_from: str | None = None
+    next_fallback = 0
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        policy: ResolvedPolicy,
+        scope: TaskScope | None,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        model: ModelOptions | None = None,
+    ) -> None:
+        self.kind = kind
+        self.name = name
+        self.breaker_key = f"model:{name}" if kind == MODEL else name
+        self.policy = policy
+        self.scope = scope
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.model = model
+
+    @property
+    def key(self) -> str:
+        """Tool + canonical arguments: what known-bad memory and checkpoints key on."""
+        if self._key is None:
+            self._key = call_key(self.name, self.args, self.kwargs)
+        return self._key
+
+    @key.setter
+    def key(self, value: str) -> None:
+        self._key = value
+
+    @property
+    def key_if_known(self) -> str | None:
+        return self._key
+
+    def switch(self, name: str, fn: Callable[..., Any], policy: ResolvedPolicy) -> None:
+        """Point the call at a fallback model: a fresh breaker, rate limit and retry loop."""
+        if self.fallback_from is None:
+            self.fallback_from = self.name
+        self.name = name
+        self.breaker_key = f"model:{name}"
+        self.fn = fn
+        self.policy = policy
+        self.admission = None
+        self.attempt = 0
+        self.info = None
+        self.exc = None
+        self.stop_reason = None
+        self.veto = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """``Policy.before``'s short-circuit: the call's result is already known."""
+
+    value: Any
+
+
+class Refused(Exception):
+    """An :class:`AttemptPolicy` refused an attempt. On the first attempt ``error`` is the
+    call's outcome; on a retry the call ends with its last failure, ``reason`` saying why.
+    Internal: it never escapes the governor."""
+
+    def __init__(self, reason: str, error: AgentToolError | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+
+class Policy:
+    """A policy around the whole governed call (see the module docstring)."""
+
+    kinds: ClassVar[frozenset[str]] = frozenset({TOOL, MODEL})
+    in_task_only: ClassVar[bool] = True  # most policies keep per-task state
+    listeners_only: ClassVar[bool] = False  # True: only needed while someone listens to events
+
+    def before(self, call: Call) -> Resumed | None:
+        return None
+
+    def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
+        return error
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        return result
+
+
+class AttemptPolicy:
+    """A policy around each attempt of the retry loop (see the module docstring)."""
+
+    kinds: ClassVar[frozenset[str]] = frozenset({TOOL, MODEL})
+    first_attempt: ClassVar[bool] = True  # False: ``before_attempt`` only matters for retries
+    rated_only: ClassVar[bool] = False  # True: only calls with a rate limit need this policy
+
+    def before_attempt(self, call: Call) -> float:
+        """Seconds to wait before asking again (0: go ahead); raise :class:`Refused` to refuse."""
+        return 0.0
+
+    def after_attempt_failure(self, call: Call) -> None:
+        return None
+
+    def after_attempt_success(self, call: Call) -> None:
+        return None
+
+
+def overrides(policy: object, base: type, name: str) -> bool:
+    """Whether ``policy`` has its own ``name`` moment (the chain skips those it lacks)."""
+    return getattr(type(policy), name) is not getattr(base, name)
+
+
+AsyncFn = Callable[..., Awaitable[Any]]

@@ -1,0 +1,349 @@
+"""The governed call as a chain of policies: composed once, run for every call.
+
+::
+
+    call policies .before           (resume, known-bad replay, budgets)
+      for each endpoint (a model's fallbacks after it):
+        attempt policies .before_attempt   (breaker, retry budget, rate limits: may wait)
+        the attempt                        (the first outside tenacity, retries inside it)
+        attempt policies .after_attempt_*  (breaker records; vetoes end the retries)
+    call policies .after_success / .after_failure   (events, checkpoint, known-bad,
+                                                     repeated errors, no progress)
+
+A :class:`Plan` holds, per kind of call and per "inside a task or not", only the moments
+some policy overrides, so a policy with nothing to do costs nothing. The sync and async
+drivers share every decision (the helpers below); they differ only where one sleeps or
+awaits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from tenacity import AsyncRetrying, Retrying
+
+from loop_governor.call import MODEL, AttemptPolicy, Call, Policy, Refused, Resumed, overrides
+from loop_governor.errors import AgentToolError, TransientError
+from loop_governor.outcome import failure
+from loop_governor.retry import RetryLoop
+from loop_governor.runtime import Runtime
+from loop_governor.usage import Usage, usage_of
+
+
+class _Failed(Exception):
+    """Internal: the attempts at one endpoint ended in ``error`` (caused by ``cause``)."""
+
+    def __init__(self, error: AgentToolError, cause: BaseException | None) -> None:
+        super().__init__(error.info.message)
+        self.error = error
+        self.cause = cause
+
+
+class _OwnError(BaseException):
+    """Internal: an error of the governor's own policies (or of a compactor) during a retry.
+
+    Not the tool's failure, so never classified or retried: a BaseException, which the
+    retry predicate refuses and tenacity re-raises; unwrapped when it leaves the loop.
+    """
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+@contextlib.contextmanager
+def _own_errors() -> Iterator[None]:
+    try:
+        yield
+    except Refused:
+        raise
+    except Exception as exc:
+        raise _OwnError(exc) from exc
+
+
+class Plan:
+    """The overridden moments of the policies that apply to one kind of call."""
+
+    __slots__ = (
+        "after_attempt_failure",
+        "after_attempt_success",
+        "after_failure",
+        "after_success",
+        "before",
+        "before_first",
+        "before_retry",
+    )
+
+    def __init__(self, policies: Sequence[Policy], attempts: Sequence[AttemptPolicy]) -> None:
+        def moments(items: Sequence[Any], base: type, name: str) -> tuple[Callable[..., Any], ...]:
+            return tuple(getattr(p, name) for p in items if overrides(p, base, name))
+
+        self.before = moments(policies, Policy, "before")
+        self.after_failure = moments(policies, Policy, "after_failure")
+        self.after_success = moments(policies, Policy, "after_success")
+        self.before_first = moments([a for a in attempts if a.first_attempt], AttemptPolicy, "before_attempt")
+        self.before_retry = moments(attempts, AttemptPolicy, "before_attempt")
+        self.after_attempt_failure = moments(attempts, AttemptPolicy, "after_attempt_failure")
+        self.after_attempt_success = moments(attempts, AttemptPolicy, "after_attempt_success")
+
+
+class Chain:
+    """Runs calls through the governor's policies (built once, by the Governor)."""
+
+    __slots__ = ("_plans", "rt")
+
+    def __init__(self, rt: Runtime, policies: Sequence[Policy], attempts: Sequence[AttemptPolicy]) -> None:
+        self.rt = rt
+        self._plans: dict[tuple[str, bool, bool, bool], Plan] = {}
+        for kind in ("tool", MODEL):
+            for in_task, rated, heard in itertools.product((False, True), repeat=3):
+                chosen = [
+                    p
+                    for p in policies
+                    if kind in p.kinds and (in_task or not p.in_task_only) and (heard or not p.listeners_only)
+                ]
+                steps = [a for a in attempts if kind in a.kinds and (rated or not a.rated_only)]
+                self._plans[kind, in_task, rated, heard] = Plan(chosen, steps)
+
+    def plan(self, call: Call) -> Plan:
+        """The moments for this kind of call: inside a task or not, with a rate limit or
+        not, with someone listening to events or not."""
+        return self._plans[call.kind, call.scope is not None, call.policy.rated, self.rt.events.emitting]
+
+    # -- the two drivers ---------------------------------------------------------------
+
+    def run(self, call: Call, first: Exception | None = None) -> Any:
+        """Govern ``call`` (sync). ``first``: the first attempt already ran and failed
+        (the governor's fast path), so the call starts in the retry loop."""
+        plan = self._plans[call.kind, call.scope is not None, call.policy.rated, self.rt.events.emitting]
+        if first is None and plan.before:
+            resumed = self._open(plan, call)
+            if resumed is not None:
+                return resumed.value
+        while True:
+            try:
+                if first is not None:
+                    caught, first = first, None
+                    result = self._retries(plan, call, caught)
+                else:
+                    result = self._attempts(plan, call)
+            except _Failed as failed:
+                if self._fall_back(call, failed.error):
+                    continue
+                raise self._close_failed(plan, call, failed.error) from failed.cause
+            for moment in plan.after_success:
+                result = moment(call, result)
+            return result
+
+    async def arun(self, call: Call) -> Any:
+        """Async twin of :meth:`run` (same decisions; awaits the attempts and the waits)."""
+        plan = self.plan(call)
+        resumed = self._open(plan, call)
+        if resumed is not None:
+            return resumed.value
+        while True:
+            try:
+                result = await self._aattempts(plan, call)
+            except _Failed as failed:
+                if self._fall_back(call, failed.error):
+                    continue
+                raise self._close_failed(plan, call, failed.error) from failed.cause
+            for moment in plan.after_success:
+                result = moment(call, result)
+            return result
+
+    def _attempts(self, plan: Plan, call: Call) -> Any:
+        try:
+            for moment in plan.before_first:
+                wait = moment(call)
+                if wait > 0:
+                    self._wait(call, moment, wait)
+        except Refused as refused:
+            raise self._refused(call, refused) from None
+        call.attempt = 1
+        try:
+            result = call.fn(*call.args, **call.kwargs)
+        except Exception as exc:
+            first = exc
+        else:
+            if call.kind == MODEL:
+                call.usage = self._usage(call, result)
+            for moment in plan.after_attempt_success:
+                moment(call)
+            return result
+        # Outside the except block: later attempts must not inherit `first` as __context__.
+        return self._retries(plan, call, first)
+
+    def _retries(self, plan: Plan, call: Call, first: Exception) -> Any:
+        loop = RetryLoop(self.rt, call, plan.after_attempt_failure)
+        pending: list[Exception] = [first]
+
+        def attempt() -> Any:
+            if pending:  # the first failure, already caught: tenacity decides on it too
+                raise pending.pop()
+            with _own_errors():
+                self._admit(plan, call)
+                if call.pending is not None:
+                    compact = call.model.compact if call.model else None
+                    self._compact(call, compact(*call.args) if compact else None)
+            call.attempt += 1
+            return call.fn(*call.args, **call.kwargs)
+
+        try:
+            result = Retrying(sleep=self.rt.sleep, **loop.tenacity_kwargs())(attempt)
+        except Refused as refused:
+            raise self._stopped(call, refused) from None
+        except _OwnError as own:
+            raise own.exc from None
+        except Exception as final:
+            raise _Failed(failure(call), final) from None
+        return self._attempt_ok(plan, call, result)
+
+    async def _aattempts(self, plan: Plan, call: Call) -> Any:
+        try:
+            await self._aadmit(plan, call)
+        except Refused as refused:
+            raise self._refused(call, refused) from None
+        call.attempt = 1
+        try:
+            result = await _awaited(call.fn(*call.args, **call.kwargs))
+        except Exception as exc:
+            first = exc
+        else:
+            return self._attempt_ok(plan, call, result)
+        loop = RetryLoop(self.rt, call, plan.after_attempt_failure)
+        pending: list[Exception] = [first]
+
+        async def attempt() -> Any:
+            if pending:
+                raise pending.pop()
+            with _own_errors():
+                await self._aadmit(plan, call)
+                if call.pending is not None:
+                    compact = call.model.compact if call.model else None
+                    self._compact(call, await _awaited(compact(*call.args)) if compact else None)
+            call.attempt += 1
+            return await _awaited(call.fn(*call.args, **call.kwargs))
+
+        try:
+            result = await AsyncRetrying(sleep=self.rt.asleep, **loop.tenacity_kwargs())(attempt)
+        except Refused as refused:
+            raise self._stopped(call, refused) from None
+        except _OwnError as own:
+            raise own.exc from None
+        except Exception as final:
+            raise _Failed(failure(call), final) from None
+        return self._attempt_ok(plan, call, result)
+
+    def _admit(self, plan: Plan, call: Call) -> None:
+        for moment in plan.before_retry if call.attempt else plan.before_first:
+            wait = moment(call)
+            if wait > 0:
+                self._wait(call, moment, wait)
+
+    def _wait(self, call: Call, moment: Callable[[Call], float], wait: float) -> None:
+        """Sleep while an attempt policy (a rate limit) asks to, then ask it again."""
+        while wait > 0:
+            call.waited_s += wait
+            self.rt.sleep(wait)
+            wait = moment(call)
+
+    async def _aadmit(self, plan: Plan, call: Call) -> None:
+        for moment in plan.before_retry if call.attempt else plan.before_first:
+            wait = moment(call)
+            while wait > 0:
+                call.waited_s += wait
+                await self.rt.asleep(wait)
+                wait = moment(call)
+
+    # -- shared steps ------------------------------------------------------------------
+
+    def _open(self, plan: Plan, call: Call) -> Resumed | None:
+        """The call policies' ``before``: a refusal is the call's outcome at once."""
+        try:
+            for moment in plan.before:
+                resumed = moment(call)
+                if resumed is not None:
+                    return resumed  # type: ignore[no-any-return]
+        except AgentToolError as refused:
+            raise self._close_failed(plan, call, refused) from None
+        return None
+
+    @staticmethod
+    def _refused(call: Call, refused: Refused) -> _Failed:
+        """A first attempt refused by an attempt policy: the refusal is the outcome."""
+        call.stop_reason = refused.reason
+        assert refused.error is not None  # first attempts are always refused with an outcome
+        return _Failed(refused.error, None)
+
+    @staticmethod
+    def _stopped(call: Call, refused: Refused) -> _Failed:
+        """A retry refused before it ran: the call ends with its last failure."""
+        call.stop_reason = refused.reason
+        return _Failed(failure(call), call.exc)
+
+    def _compact(self, call: Call, compacted: Any) -> None:
+        """Run the retry after ``context_length_exceeded`` on the compacted arguments."""
+        call.pending = None
+        call.compacted = True
+        if compacted is None:
+            raise Refused("compaction")  # nothing left to cut: the context error stands
+        call.args = compacted if isinstance(compacted, tuple) else (compacted,)
+        self.rt.events.emit("compaction", model=call.name)
+
+    def _attempt_ok(self, plan: Plan, call: Call, result: Any) -> Any:
+        if call.kind == MODEL:
+            call.usage = self._usage(call, result)
+        for moment in plan.after_attempt_success:
+            moment(call)
+        return result
+
+    def _usage(self, call: Call, result: Any) -> Usage | None:
+        options = call.model
+        read = options.usage if options is not None and options.usage is not None else usage_of
+        try:
+            usage = read(result)
+        except Exception:
+            usage = None
+        estimate = options.estimated_tokens() if usage is None and options is not None else None
+        if estimate:
+            # No usage reported (a stream without usage, a client that drops it): the
+            # budgets go on estimates, and the trace says so.
+            usage = Usage(estimate, 0, estimated=True)
+            self.rt.events.emit("usage_estimated", model=call.name, input_tokens=estimate)
+        return usage
+
+    def _fall_back(self, call: Call, error: AgentToolError) -> bool:
+        """Move a model call to its next fallback while the model is down (breaker open,
+        transient retries spent, rate limited); permanent and fatal outcomes stand."""
+        options = call.model
+        if options is None or not options.fallbacks or not isinstance(error, TransientError):
+            return False
+        index = call.next_fallback
+        if index >= len(options.fallbacks):
+            return False
+        call.next_fallback = index + 1
+        name, fn = options.fallbacks[index]
+        failed = call.name
+        call.switch(name, fn, self.rt.policy(MODEL, name))
+        self.rt.events.emit(
+            "model_fallback",
+            model=name,
+            from_model=failed,
+            error_type=error.info.error_type.value,
+            reason=error.info.code,
+        )
+        return True
+
+    def _close_failed(self, plan: Plan, call: Call, error: AgentToolError) -> AgentToolError:
+        for moment in plan.after_failure:
+            error = moment(call, error)
+        return error
+
+
+async def _awaited(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value

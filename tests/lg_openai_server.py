@@ -60,6 +60,8 @@ crewAI ``LLM.call``, defaults                                  9    9    1      
 crewAI ``LLM.call``, copy with SDK retries 0                   3                   1
 crewAI, SDK retries 0 and crewAI's wrapper bypassed            1
 crewAI one-agent ``Crew.kickoff``, defaults                   27
+the same crew on the copy with SDK retries 0                   9
+the same, crewAI's LLM retry off too (its contextvar)          3
 =========================================================  =====  ===  ===  ===  =======
 
 (400 is ``context_length_exceeded``; crewAI's 500 column is 500 only.)
@@ -97,7 +99,10 @@ crewAI one-agent ``Crew.kickoff``, defaults                   27
   ``with_options(max_retries=0)`` copies). Every provider ``call``/``acall`` is also wrapped by
   crewAI's rate-limit retry (``crewai.llms.retry``: any 429, 3 attempts, waits ~1 s and ~2 s
   +-20%, Retry-After unread since the SDK error has no ``headers`` dict); ``type(llm).call.
-  __wrapped__`` is the unwrapped call. Each failed attempt emits two ``LLMCallFailedEvent``.
+  __wrapped__`` is the unwrapped call, and setting ``crewai.llms.retry.
+  _active_llm_rate_limit_retry`` to True around a kickoff turns the retry off for the whole crew
+  (it skips nested retries). The agent re-runs a task that raised (``max_retry_limit`` 2: 3
+  attempts), whatever the error. Each failed attempt emits two ``LLMCallFailedEvent``.
   Usage: ``LLMCallCompletedEvent.usage`` for every call, tool-call replies included, already
   normalised (``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
   ``cached_prompt_tokens``, ``reasoning_tokens``), and ``llm.get_token_usage_summary()``

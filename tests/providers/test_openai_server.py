@@ -879,13 +879,35 @@ def test_crewai_crew_with_a_tool_completes(openai_server: OpenAIServer, crewai_l
     assert result.token_usage.prompt_tokens == first.prompt_tokens + second.prompt_tokens
 
 
-def test_crewai_crew_sends_27_requests_for_one_fatal_quota_error(
-    openai_server: OpenAIServer, crewai_llm: Any, crewai_retry_waits: list[float]
+@pytest.mark.parametrize(
+    ("quiet_sdk", "quiet_crewai", "requests"),
+    [
+        (False, False, 27),  # 3 task attempts (max_retry_limit 2) x crewAI's 3 LLM-call attempts x the SDK's 3
+        (True, False, 9),  # the copy survives Agent/Crew construction: SDK retries off
+        (True, True, 3),  # crewAI's LLM retry off too: only the agent's task attempts remain
+    ],
+    ids=["defaults", "copy", "copy+no-crewai-retry"],
+)
+def test_crewai_crew_requests_for_one_fatal_quota_error(
+    openai_server: OpenAIServer,
+    crewai_llm: Any,
+    crewai_retry_waits: list[float],
+    quiet_sdk: bool,
+    quiet_crewai: bool,
+    requests: int,
 ) -> None:
+    import crewai.llms.retry as crewai_retry
+
     openai_server.fail_forever(insufficient_quota().with_headers(FAST_RETRY))
-    with pytest.raises(openai.RateLimitError) as caught:
-        _crew(crewai_llm).kickoff()
-    # 3 task attempts (max_retry_limit 2) x crewAI's 3 LLM-call attempts x the SDK's 3 requests
-    assert openai_server.count() == 27
-    assert len(crewai_retry_waits) == 6
+    crew = _crew(crewai_llm_without_sdk_retries(crewai_llm) if quiet_sdk else crewai_llm)
+    # crewAI skips its retry inside an active one (a contextvar): setting it around the kickoff
+    # turns the retry off for every LLM call of the crew (private, but the only switch there is)
+    token = crewai_retry._active_llm_rate_limit_retry.set(quiet_crewai)
+    try:
+        with pytest.raises(openai.RateLimitError) as caught:
+            crew.kickoff()
+    finally:
+        crewai_retry._active_llm_rate_limit_retry.reset(token)
+    assert openai_server.count() == requests
+    assert len(crewai_retry_waits) == (0 if quiet_crewai else 6)
     assert lg.classify(caught.value).error_type is lg.ErrorType.FATAL

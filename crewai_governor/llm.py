@@ -60,9 +60,7 @@ def _usage_of(reports: list[dict[str, Any]]) -> Usage | None:
         metrics = UsageMetrics.from_provider_dict(report)
         if metrics is not None:
             total.add_usage_metrics(metrics)
-    return Usage(
-        total.prompt_tokens, total.completion_tokens, total.cached_prompt_tokens, total.cache_creation_tokens
-    )
+    return Usage(total.prompt_tokens, total.completion_tokens, total.cached_prompt_tokens, total.cache_creation_tokens)
 
 
 class _Governed:
@@ -188,7 +186,7 @@ def _governed_class(cls: type[Any]) -> type[Any]:
 
 
 def _without_sdk_retries(llm: Any) -> dict[str, Any]:
-    if isinstance(getattr(llm, "max_retries", None), int) and llm.max_retries != 0:
+    if "max_retries" in type(llm).model_fields and llm.max_retries != 0:  # None: the SDK's default
         return {"max_retries": 0}
     return {}
 

@@ -51,7 +51,7 @@ from langchain_governor._common import (
 from langchain_governor._pruning import MessagePruner, PrunerPool
 from langchain_governor._scopes import LiveTasks
 from langchain_governor.errors import fatal_stop
-from langchain_governor.models import ModelCopies, describe, endpoint_of, prompt_tokens
+from langchain_governor.models import ModelCopies, describe, prompt_tokens, usage_of_response
 from langchain_governor.tools import GovernedTool
 from loop_governor.context.compact import emergency_compact
 
@@ -167,7 +167,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         self._pruners = PrunerPool(pruner, pruner_factory)
         self.record_messages = record_messages
         self._copies = ModelCopies(self.governor.config.sdk_retries)
-        self._fallbacks = [self._copies(m) for m in fallback_models]
+        self._fallbacks = [self._copies(m)[0] for m in fallback_models]
         self._tasks = LiveTasks(self.governor)
 
     # -- task scope ---------------------------------------------------------------------
@@ -245,19 +245,22 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         if pruned is not None:
             emit_pruning(self.governor, before, pruned)
             request = request.override(messages=pruned)
-        governed = self._copies(request.model)
+        governed, _ = self._copies(request.model)
         return request if governed is request.model else request.override(model=governed)
 
     def _model_call(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
         """The endpoint and the keyword options of ``governor.call_model`` for ``request``."""
         messages, system = request.messages, request.system_message
+        _, endpoint = self._copies(request.model)
         options: dict[str, Any] = {
-            "describe": describe(request.model, messages, system, self.record_messages and self.governor.emitting),
+            "usage": usage_of_response,
             "estimated_tokens": lambda: prompt_tokens(messages, system),
             "compact": self._compact if self._pruners.enabled else None,
-            "fallbacks": [(endpoint_of(m), _sent_to(m, handler)) for m in self._fallbacks],
+            "fallbacks": [(self._copies(m)[1], _sent_to(m, handler)) for m in self._fallbacks],
         }
-        return endpoint_of(request.model), options
+        if self.governor.emitting:
+            options["describe"] = describe(request.model, messages, system, self.record_messages)
+        return endpoint, options
 
     @staticmethod
     def _compact(request: ModelRequest[Any]) -> ModelRequest[Any] | None:

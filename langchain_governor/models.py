@@ -19,10 +19,11 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
 from langchain_governor._common import last_ai_message, model_name, openai_messages
+from loop_governor.usage import Usage, usage_of
 
 _CLIENTS = (("root_client", "client"), ("root_async_client", "async_client"))
 
@@ -58,7 +59,8 @@ def _rebuilt_clients(model: Any) -> dict[str, Any]:
 def governed_copy(model: Any, *, sdk_retries: str) -> Any:
     """The model the governor calls: SDK retries off, streaming usage on (see module)."""
     update: dict[str, Any] = {}
-    if sdk_retries == "off" and isinstance(getattr(model, "max_retries", None), int) and model.max_retries != 0:
+    fields = getattr(type(model), "model_fields", {})
+    if sdk_retries == "off" and "max_retries" in fields and model.max_retries != 0:  # None: the SDK's default, 2
         update["max_retries"] = 0
         update.update(_rebuilt_clients(model))
     if getattr(model, "streaming", False) and getattr(model, "stream_usage", True) is False:
@@ -75,29 +77,55 @@ def governed_copy(model: Any, *, sdk_retries: str) -> Any:
 
 
 class ModelCopies:
-    """One governed copy per model object (thread-safe; dropped with the original)."""
+    """One governed copy (and its endpoint) per model object: computed once, reused for
+    every call (thread-safe; dropped with the original)."""
 
     def __init__(self, sdk_retries: str) -> None:
         self._sdk_retries = sdk_retries
-        self._copies: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        self._copies: dict[int, tuple[weakref.ref[Any], Any, str]] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, model: Any) -> Any:
+    def __call__(self, model: Any) -> tuple[Any, str]:
+        """``(the governed copy, its endpoint)`` for ``model`` (or for a copy it made)."""
         key = id(model)
         entry = self._copies.get(key)
         if entry is not None and entry[0]() is model:
-            return entry[1]
+            return entry[1], entry[2]
         copy = governed_copy(model, sdk_retries=self._sdk_retries)
+        endpoint = endpoint_of(model)
         try:
-            ref = weakref.ref(model, functools.partial(self._forget, key))
+            refs = [(id(model), weakref.ref(model, functools.partial(self._forget, id(model))))]
+            if copy is not model:  # a request already carrying the copy maps to it too
+                refs.append((id(copy), weakref.ref(copy, functools.partial(self._forget, id(copy)))))
         except TypeError:
-            return copy  # not weak-referenceable: copy each time rather than leak
+            return copy, endpoint  # not weak-referenceable: copy each time rather than leak
         with self._lock:
-            self._copies[key] = (ref, copy)
-        return copy
+            for ref_key, ref in refs:
+                self._copies[ref_key] = (ref, copy, endpoint)
+        return copy, endpoint
 
     def _forget(self, key: int, _ref: Any) -> None:
         self._copies.pop(key, None)
+
+
+def usage_of_response(result: Any) -> Usage | None:
+    """The usage of a model-call handler's result (a ModelResponse or an AIMessage), read
+    directly: the generic reader's duck typing costs microseconds on pydantic messages."""
+    messages = getattr(result, "result", None)
+    message = messages[-1] if isinstance(messages, list) and messages else result
+    if not isinstance(message, AIMessage):
+        inner = getattr(result, "model_response", None)
+        return usage_of_response(inner) if inner is not None else usage_of(result)
+    meta = message.usage_metadata
+    if not meta:
+        return None
+    details = meta.get("input_token_details") or {}
+    return Usage(
+        int(meta.get("input_tokens") or 0),
+        int(meta.get("output_tokens") or 0),
+        int(details.get("cache_read") or 0),
+        int(details.get("cache_creation") or 0),
+    )
 
 
 def prompt_tokens(messages: Sequence[BaseMessage], system: BaseMessage | None) -> int:

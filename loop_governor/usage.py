@@ -14,7 +14,6 @@ by duck typing, so the core needs no provider SDK and no agent framework:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +44,12 @@ class Usage:
 
 
 def _get(obj: Any, name: str) -> Any:
-    if isinstance(obj, Mapping):
+    # dict, not Mapping: an ABC check costs more than the rest of this reader (every
+    # provider client hands back dicts or attribute objects)
+    if isinstance(obj, dict):
         return obj.get(name)
+    if obj is None:
+        return None
     try:
         return getattr(obj, name, None)
     except Exception:

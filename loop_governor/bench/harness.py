@@ -157,10 +157,7 @@ def run_world(
         if len(specs) == 1:
             outcomes = [_run_task(runner, arm, specs[0], world, delivered_of)]
         else:
-            jobs = [
-                (lambda spec=spec: _run_task(runner, arm, spec, world, delivered_of))
-                for spec in specs
-            ]
+            jobs = [(lambda spec=spec: _run_task(runner, arm, spec, world, delivered_of)) for spec in specs]
             results = clock.run_concurrently(jobs)
             outcomes = []
             for (value, error), spec in zip(results, specs, strict=True):

@@ -50,8 +50,9 @@ def _open_store(option: str | None) -> Store:
     url = _store_url(option)
     err = Console(stderr=True)
     if url.lower().startswith("memory://"):
-        err.print("[red]memory:// state lives inside each agent process; pass --store sqlite:///... or "
-                  "redis://...[/red]")
+        err.print(
+            "[red]memory:// state lives inside each agent process; pass --store sqlite:///... or redis://...[/red]"
+        )
         raise typer.Exit(2)
     try:
         store = store_from_url(url)
@@ -91,8 +92,9 @@ def breakers(
     finally:
         st.close()
     if as_json:
-        listed = [{"tool": r.tool, "state": r.state.value, "failures": r.failures, "opened_at": r.opened_at}
-                  for r in rows]
+        listed = [
+            {"tool": r.tool, "state": r.state.value, "failures": r.failures, "opened_at": r.opened_at} for r in rows
+        ]
         typer.echo(json.dumps(listed))
         return
     if not rows:

@@ -46,6 +46,10 @@ ATTR_TOOL_STATUS = "loop_governor.tool.status"
 ATTR_ATTEMPTS = "loop_governor.tool.attempts"
 ATTR_SIGNATURE = "loop_governor.error.signature"
 ATTR_CALL_KEY = "loop_governor.tool.call_key"
+ATTR_MODEL_ATTEMPTS = "loop_governor.model.attempts"
+ATTR_MODEL_WAITED = "loop_governor.model.waited_s"
+ATTR_MODEL_ENDPOINT = "loop_governor.model.endpoint"
+ATTR_USAGE_ESTIMATED = "loop_governor.usage.estimated"
 
 _INVOKE_AGENT = GenAiOperationNameValues.INVOKE_AGENT.value
 _CHAT = GenAiOperationNameValues.CHAT.value
@@ -69,6 +73,11 @@ _CHAT_FIELDS = (
     (ATTR_TURN, "turn"),
     (ATTR_PREFIX_KEPT, "prefix_kept"),
     (ATTR_CONTEXT_HEALTH, "context_health"),
+    (ATTR_MODEL_ENDPOINT, "endpoint"),
+    (ATTR_MODEL_ATTEMPTS, "attempts"),
+    (ATTR_MODEL_WAITED, "waited_s"),
+    (ATTR_USAGE_ESTIMATED, "usage_estimated"),
+    (ATTR_SIGNATURE, "signature"),
 )
 _TOOL_FIELDS = (
     (GEN_AI_TOOL_CALL_ID, "tool_call_id"),
@@ -170,6 +179,9 @@ class SpanBridge:
         hashes = record.get("message_hashes")
         if isinstance(hashes, list):
             attrs[ATTR_MESSAGE_COUNT] = len(hashes)
+        failed = record.get("status") == "error" or "error" in record
+        if failed:
+            attrs[ERROR_TYPE] = str(record.get("error_type") or "error")
         span = self._tracer.start_span(
             f"{_CHAT} {model}" if model else _CHAT,
             context=self._parent(record.get("task_id"), ambient),
@@ -177,6 +189,8 @@ class SpanBridge:
             attributes=attrs,
             start_time=now_ns - _ns(record.get("latency_s")),
         )
+        if failed:
+            span.set_status(Status(StatusCode.ERROR, str(record.get("signature") or record.get("error") or "")))
         span.end(end_time=now_ns)
 
     def _tool_call(self, record: Mapping[str, Any], now_ns: int, ambient: Context | None) -> None:

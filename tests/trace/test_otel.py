@@ -197,3 +197,25 @@ def test_the_global_tracer_provider_is_used_by_default(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert out.stdout.strip() == "['execute_tool echo', 'invoke_agent late']"
+
+
+def test_a_failed_model_call_is_one_chat_span_with_error_type(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    class QuotaError(Exception):
+        status_code = 429
+        code = "insufficient_quota"
+
+    def model(prompt: str) -> str:
+        raise QuotaError("You exceeded your current quota")
+
+    governor = lg.Governor(sleep=lambda s: None)
+    lens = install(governor, tracer_provider=provider)
+    with governor.task("t1"), pytest.raises(lg.FatalError):
+        governor.call_model("openai:gpt-4o", model, "hi")
+    lens.close()
+    (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    assert chat.name == "chat openai:gpt-4o"
+    assert chat.attributes["error.type"] == "fatal"
+    assert chat.attributes["loop_governor.model.attempts"] == 1
+    assert chat.status.status_code is StatusCode.ERROR

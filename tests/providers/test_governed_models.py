@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from lg_openai_server import (
+    FAST_RETRY,
     OpenAIServer,
     Reply,
     context_length_exceeded,
@@ -369,3 +371,36 @@ def test_a_fleet_on_one_key_stays_within_its_shared_request_limit(
     assert openai_server.max_in_window(1.0) <= 10 + 2 + 1
     assert admitted[-1] - admitted[0] >= (n * calls - 2) / 10 - 0.05  # paced, not bursted
     assert sum(r["waits"] for r in reports) > 0 and all(r["fallbacks"] == 0 for r in reports)
+
+
+def test_sdk_retries_keep_multiplies_requests_per_governed_attempt(
+    openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
+) -> None:
+    """``sdk_retries="keep"``: each governed attempt may be 1 + max_retries requests."""
+    gov = make_governor(sdk_retries="keep")
+    openai_server.fail_forever(insufficient_quota().with_headers(FAST_RETRY))
+    with pytest.raises(lg.FatalError):
+        run(agent_for(openai_server, gov))
+    assert openai_server.count() == 3  # the SDK's own 2 retries of a fatal error
+
+
+def test_an_ungoverned_crewai_llm_failure_is_one_model_call_event(
+    openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
+) -> None:
+    """crewAI emits two LLMCallFailedEvents for one failed call: the listener reports one."""
+    import crewai
+    from crewai.events import crewai_event_bus
+
+    from crewai_governor import GovernorEventListener
+
+    gov = make_governor(trace_path=None)
+    seen: list[dict[str, Any]] = []
+    gov.subscribe(seen.append)
+    openai_server.fail_forever(invalid_api_key())
+    llm = crewai.LLM(model=f"openai/{MODEL}", base_url=openai_server.url, api_key=KEY)
+    with crewai_event_bus.scoped_handlers(), GovernorEventListener(gov) as listener:
+        with pytest.raises(openai.AuthenticationError):
+            llm.call("hi")
+        listener.flush()
+    failed = [e for e in seen if e["event"] == "model_call"]
+    assert len(failed) == 1 and failed[0]["status"] == "error"

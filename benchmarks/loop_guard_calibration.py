@@ -1,7 +1,7 @@
 """Loop guards head to head on real agent runs: the governor against trajectory-fuse.
 
     python benchmarks/loop_guard_calibration.py ../shared/corpus/swe-dev ../shared/corpus/tau-airline \\
-        [--seed 0] [--json loop_guards.json] [--positions 1] [--model-calls]
+        [--seed 0] [--json loop_guards.json] [--positions 2] [--model-calls] [--no-raise]
 
 Every recorded tool call of every run is replayed through ``Governor.call`` inside one task
 per run (default configuration, virtual time; a recorded failure *raises*, see
@@ -46,11 +46,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+import loop_governor as lg
+
 
 @dataclass(frozen=True)
 class Settings:
     seed: int = 0
-    positions: int = 1  # splice positions per run and pattern
+    positions: int = 2  # splice positions per run and pattern
     model_calls: bool = False  # each turn is also a g.call_model of a stub
     raise_failures: bool = True  # recorded failures raise (off: every result is returned)
 
@@ -83,6 +85,13 @@ def _context(replay: lr.Replay, at: int) -> list[str]:
         origin = "" if replay.steps[i].origin == "run" else f" <{replay.steps[i].origin}>"
         lines.append(f"{mark} {i:>3} {lr.describe(replay.steps[i])}  | governor: {said}{origin}")
     return lines
+
+
+def _subject(replay: lr.Replay, stop: lr.Stop) -> str | None:
+    for signal in reversed(replay.signals):
+        if signal.step == stop.step and signal.action == "stop":
+            return str(signal.fields.get("subject") or signal.event)
+    return None
 
 
 def _squeeze(outcomes: list[str]) -> str:
@@ -134,6 +143,10 @@ def recorded(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
                         "step": stop.step,
                         "of_steps": len(replay.steps),
                         "detector": stop.detector,
+                        # what the stop was about (the governor's escalation subject, if any)
+                        "subject": _subject(replay, stop) if guard == "governor" else None,
+                        # the recorded outcome of the refused call: "ok" means it worked in the real run
+                        "recorded": replay.steps[stop.step].failure or "ok",
                         "message": stop.message[:300],
                         "context": _context(replay, stop.step),
                     }
@@ -237,6 +250,8 @@ def spliced(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
                 **tally,
                 "detectors": dict(tally["detectors"]),
                 "stopped_share": tally["stopped"] / total if total else None,
+                # among the splices whose run was not already stopped before the splice point
+                "stopped_share_clean": tally["stopped"] / (total - tally["false"]) if total > tally["false"] else None,
                 "median_wasted": _median(wasted),
                 "max_wasted": max(wasted) if wasted else None,
             }
@@ -290,7 +305,7 @@ def evaluate(paths: list[Path], settings: Settings | None = None) -> dict[str, A
             "loop-governor": importlib.metadata.version("loop-governor"),
             "trajectory-fuse": importlib.metadata.version("trajectory-fuse"),
         },
-        "governor_config": lr.new_governor(lr.VirtualClock(), settings.seed).config.model_dump(mode="json"),
+        "governor_config": lg.GovernorConfig().model_dump(mode="json"),
         "corpora": corpora,
     }
 
@@ -350,9 +365,19 @@ def render(report: dict[str, Any], console: Console) -> None:
         false = [s for s in rec["stops"] if s["successful"]]
         if false:
             console.print("\nstops on successful runs:")
+        causes = Counter(
+            f"{GUARD_NAMES[s['guard']]} {s['detector']}"
+            + (f"/{s['subject']}" if s["subject"] else "")
+            + f" (refused call recorded {'ok' if s['recorded'] == 'ok' else 'failing'})"
+            for s in false
+        )
+        for cause, n in causes.most_common():
+            console.print(f"  {n:>3} x {cause}")
         for s in false:
+            about = f", about: {s['subject']}" if s["subject"] else ""
             console.print(
-                f"- {GUARD_NAMES[s['guard']]} [{s['detector']}] {s['run']}: step {s['step']} of {s['of_steps']}",
+                f"- {GUARD_NAMES[s['guard']]} [{s['detector']}{about}] {s['run']}: step {s['step']} of "
+                f"{s['of_steps']} (recorded outcome of that call: {s['recorded']})"
             )
             for line in s["context"]:
                 console.print(f"    {line}")
@@ -386,6 +411,7 @@ def render(report: dict[str, Any], console: Console) -> None:
         table.add_column("n")
         for guard in GUARDS:
             table.add_column(f"{GUARD_NAMES[guard]} stopped")
+            table.add_column("of clean")
             table.add_column("wasted")
             table.add_column("false")
             table.add_column("detectors")
@@ -395,13 +421,17 @@ def render(report: dict[str, Any], console: Console) -> None:
                 g = res[guard]
                 cells += [
                     f"{_pct(g['stopped_share'])} ({g['stopped']})",
+                    _pct(g["stopped_share_clean"]),
                     _num(g["median_wasted"], "{:.0f}"),
                     str(g["false"]),
                     _detectors(g["detectors"]),
                 ]
             table.add_row(pattern + (" *" if res["extra"] else ""), str(res["n"]), *cells)
         console.print(table)
-        console.print("* extra patterns, not among the issue's five")
+        console.print(
+            "* extra patterns, not among the issue's five. 'of clean': the share stopped among the splices "
+            "whose run was not already (falsely) stopped before the splice point"
+        )
         for pattern, res in spl.items():
             misses = res["governor_misses"]
             if not misses:
@@ -424,7 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("paths", nargs="+", type=Path, help="corpus folders (or files) of recorded runs")
     parser.add_argument("--seed", type=int, default=0, help="splice positions and pattern contents")
     parser.add_argument("--json", type=Path, default=None, help="write the full report here")
-    parser.add_argument("--positions", type=int, default=1, help="splice positions per run and pattern")
+    parser.add_argument("--positions", type=int, default=2, help="splice positions per run and pattern")
     parser.add_argument(
         "--model-calls", action="store_true", help="also run each model call through g.call_model (a stub)"
     )

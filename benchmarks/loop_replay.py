@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import loop_governor as lg
+from loop_governor.bench.clock import VirtualClock  # virtual time: sleep() advances it
 
 # -- runs --------------------------------------------------------------------------------
 
@@ -163,9 +164,15 @@ class ToolError(ReplayedToolError):
     """A tau-bench tool raised (its environment showed ``"Error: <message>"``)."""
 
 
-def tool_fn(step: Step, kind: str, *, raise_failures: bool = True) -> Callable[[Any], str]:
+_TIMED_OUT = re.compile(r"timed out after (\d+(?:\.\d+)?) seconds")
+
+
+def tool_fn(
+    step: Step, kind: str, *, raise_failures: bool = True, sleep: Callable[[float], None] | None = None
+) -> Callable[[Any], str]:
     """The function ``g.call`` runs for ``step``: returns the recorded result, or raises
-    when it was a failure (unless ``raise_failures`` is off: then failures are results too)."""
+    when it was a failure (unless ``raise_failures`` is off: then failures are results too).
+    A timed-out command takes its timeout again on every attempt (``sleep``: virtual time)."""
     if step.failure is None or not raise_failures:
         result = step.result
 
@@ -173,14 +180,20 @@ def tool_fn(step: Step, kind: str, *, raise_failures: bool = True) -> Callable[[
             return result
 
         return ok
+    wait = 0.0
     if kind == "tau":
         exc_type: type[Exception] = ToolError
         message = step.result.removeprefix("Error: ")
     else:
         exc_type = CommandTimedOut if step.failure == "timeout" else CommandFailed
         message = step.result
+        if step.failure == "timeout" and sleep is not None:
+            match = _TIMED_OUT.search(step.result)
+            wait = float(match.group(1)) if match else 60.0
 
     def fail(_args: Any) -> str:
+        if wait and sleep is not None:
+            sleep(wait)
         raise exc_type(message)
 
     return fail
@@ -189,6 +202,9 @@ def tool_fn(step: Step, kind: str, *, raise_failures: bool = True) -> Callable[[
 # -- one replay --------------------------------------------------------------------------
 
 STEP_SECONDS = 5.0  # virtual time between tool calls (breaker cool-downs, retry pauses)
+START = 1_000_000.0  # where a replay's virtual clock starts
+
+
 # Events every call produces; everything else the governor emits is a signal (a warning
 # or a stop) and is recorded with the step it came from.
 ROUTINE_EVENTS = frozenset(
@@ -205,22 +221,6 @@ ROUTINE_EVENTS = frozenset(
 )
 # The fields of a signal worth keeping (what it was about), when present.
 SIGNAL_FIELDS = ("signature", "subject", "count", "period", "code", "remaining", "state")
-
-
-class VirtualClock:
-    """Time that moves only when told to: retries and cool-downs cost nothing real."""
-
-    def __init__(self, start: float = 1_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += max(seconds, 0.0)
-
-    async def asleep(self, seconds: float) -> None:
-        self.sleep(seconds)
 
 
 @dataclass(slots=True)
@@ -289,7 +289,7 @@ def replay(
     ``outcomes[i]`` is what ``g.call`` answered for step ``i``: ``ok``, or the error's class
     (and code), prefixed ``refused`` when the governor answered without calling the tool.
     """
-    clock = VirtualClock()
+    clock = VirtualClock(START)
     gov = new_governor(clock, seed)
     AgentFuse, DeadlockDetected, FuseConfig, Action = _fuse_types()
     guard = AgentFuse(FuseConfig()) if fuse else None
@@ -316,7 +316,7 @@ def replay(
             for step in turn:
                 clock.sleep(STEP_SECONDS)
                 if out.governor is None:
-                    fn, ran = tool_fn(step, kind, raise_failures=raise_failures), []
+                    fn, ran = tool_fn(step, kind, raise_failures=raise_failures, sleep=clock.sleep), []
 
                     def counted(args: Any, fn: Callable[[Any], str] = fn, ran: list[int] = ran) -> str:
                         ran.append(1)
@@ -350,39 +350,45 @@ def _model_stub(turn: int) -> dict[str, Any]:
 def time_calls(
     turns: Sequence[Sequence[Step]], kind: str, *, seed: int = 0, raise_failures: bool = True
 ) -> tuple[list[float], list[float]]:
-    """Microseconds per call: ``g.call`` inside a task (nobody listening to events, as in
-    production without a tracer) and trajectory-fuse's ``observe`` (with its ``Action``),
-    for each step until the guard stops. Same steps, same process, interleaved."""
-    clock = VirtualClock()
+    """Microseconds per call, for every step of ``turns``: ``g.call`` inside a task (nobody
+    listening to events, as in production without a tracer) and trajectory-fuse's
+    ``observe`` (with its ``Action``). Same steps, same process, interleaved; a guard that
+    stops goes on in a fresh task (a fresh ``AgentFuse``), so both time the same calls."""
+    clock = VirtualClock(START)
     gov = new_governor(clock, seed)
     AgentFuse, DeadlockDetected, FuseConfig, Action = _fuse_types()
     guard = AgentFuse(FuseConfig())
     gov_us: list[float] = []
     fuse_us: list[float] = []
-    gov_on = fuse_on = True
     perf = time.perf_counter_ns
-    with gov.task("timing"):
+    scope = gov.task("timing-0")
+    scope.__enter__()
+    try:
         for step in (step for turn in turns for step in turn):
             clock.sleep(STEP_SECONDS)
-            fn, tool, args = tool_fn(step, kind, raise_failures=raise_failures), step.tool, step.args
-            if gov_on:
-                start = perf()
-                try:
-                    gov.call(tool, fn, args)
-                except lg.FatalError:
-                    gov_on = False
-                except lg.AgentToolError:
-                    pass
-                gov_us.append((perf() - start) / 1000)
-            if fuse_on:
-                start = perf()
-                try:
-                    guard.observe(Action(tool=tool, args=args, result=step.result, success=step.failure is None))
-                except DeadlockDetected:
-                    fuse_on = False
-                fuse_us.append((perf() - start) / 1000)
-            if not (gov_on or fuse_on):
-                break
+            fn = tool_fn(step, kind, raise_failures=raise_failures, sleep=clock.sleep)
+            tool, args = step.tool, step.args
+            stopped = False
+            start = perf()
+            try:
+                gov.call(tool, fn, args)
+            except lg.FatalError:
+                stopped = True
+            except lg.AgentToolError:
+                pass
+            gov_us.append((perf() - start) / 1000)
+            if stopped:
+                scope.__exit__(None, None, None)
+                scope = gov.task(f"timing-{len(gov_us)}")
+                scope.__enter__()
+            start = perf()
+            try:
+                guard.observe(Action(tool=tool, args=args, result=step.result, success=step.failure is None))
+            except DeadlockDetected:
+                guard = AgentFuse(FuseConfig())
+            fuse_us.append((perf() - start) / 1000)
+    finally:
+        scope.__exit__(None, None, None)
     return gov_us, fuse_us
 
 
@@ -473,7 +479,7 @@ def _near_failure(kind: str, run_steps: Sequence[Step], rng: random.Random) -> l
 
 def _critic(kind: str, run_steps: Sequence[Step], rng: random.Random) -> list[Step]:
     topic = rng.choice(("the nested case", "the empty input", "the timezone"))
-    minute, second = rng.randint(0, 50), rng.randint(0, 30)
+    minute, second = rng.randint(0, 50), rng.randint(0, 29)
     steps = []
     for i in range(1, 11):
         stamp = f"12:{minute:02d}:{second + 3 * i:02d}"

@@ -140,9 +140,11 @@ def test_replayed_tools_raise_what_the_model_read() -> None:
     failed = lr.Step("bash", {"command": "x"}, _swe_out("boom\n", 2), "error")
     with pytest.raises(lr.CommandFailed, match="boom"):
         lr.tool_fn(failed, "swe")({})
-    timeout = lr.Step("bash", {}, "<exception>timed out after 60 seconds</exception>", "timeout")
+    timeout = lr.Step("bash", {}, "<exception>timed out after 30 seconds</exception>", "timeout")
+    waited: list[float] = []
     with pytest.raises(TimeoutError):
-        lr.tool_fn(timeout, "swe")({})
+        lr.tool_fn(timeout, "swe", sleep=waited.append)({})
+    assert waited == [30.0]  # every attempt at a timed-out command takes its timeout again
     tau = lr.Step("book_reservation", {}, "Error: not enough seats on flight HAT290", "error")
     with pytest.raises(lr.ToolError) as info:
         lr.tool_fn(tau, "tau")({})
@@ -249,7 +251,7 @@ def test_the_loop_finder_finds_repeats_cycles_and_failing_retries_only() -> None
 def test_the_whole_benchmark_runs_on_generated_corpora(corpus: tuple[Path, Path], tmp_path: Path, capsys: Any) -> None:
     calibration = _load("loop_guard_calibration")
     out = tmp_path / "report.json"
-    report = calibration.main([str(corpus[0]), str(corpus[1]), "--seed", "5", "--json", str(out)])
+    report = calibration.main([str(corpus[0]), str(corpus[1]), "--seed", "5", "--positions", "1", "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report, default=str))
     text = capsys.readouterr().out
     assert "swe-mini" in text and "tau-mini" in text and "spliced patterns" in text
@@ -275,7 +277,7 @@ def test_the_whole_benchmark_runs_on_generated_corpora(corpus: tuple[Path, Path]
     assert loops["c.json.gz"]["steps"] == [2, 7] and loops["c.json.gz"]["fuse"]["status"] == "stopped"
     assert "cycle2" in loops["runs.json"]["rules"]
     # same seed, same report (timings aside)
-    again = calibration.evaluate([corpus[0], corpus[1]], calibration.Settings(seed=5))
+    again = calibration.evaluate([corpus[0], corpus[1]], calibration.Settings(seed=5, positions=1))
     for name in ("swe-mini", "tau-mini"):
         assert again["corpora"][name]["spliced"] == report["corpora"][name]["spliced"]
         assert again["corpora"][name]["recorded"] == report["corpora"][name]["recorded"]

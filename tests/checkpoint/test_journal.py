@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from lg_checkpoint import NOT_FOUND, apply_edit, assert_grown_to, edits, grow, grown
 
 from loop_governor.checkpoint import (
     CheckpointCorruptedError,
@@ -24,29 +24,6 @@ from loop_governor.checkpoint import (
     SQLiteCheckpointStore,
     TaskCheckpoint,
 )
-from loop_governor.errors import ErrorType, GovernedError
-
-NOT_FOUND = GovernedError(error_type=ErrorType.PERMANENT, tool="fetch", status=404, message="gone")
-
-
-def _grow(cp: TaskCheckpoint) -> None:
-    """One governed call's worth of checkpoint: a result, a completed call, now and then an error."""
-    step = cp.step + 1
-    cp.record_success(f"search:{step}", {"hits": [f"doc {step}"], "n": step})
-    cp.add_result({"step": step})
-    if step % 5 == 0:
-        cp.record_failure(f"fetch:{step}", NOT_FOUND)
-    cp.metadata["last"] = step
-    cp.step = step
-
-
-def _assert_grown_to(cp: TaskCheckpoint | None, steps: int) -> None:
-    assert cp is not None
-    assert cp.step == steps and cp.version >= steps
-    assert list(cp.completed) == [f"search:{i}" for i in range(1, steps + 1)]
-    assert cp.results == [{"step": i} for i in range(1, steps + 1)]
-    assert list(cp.known_bad) == [f"fetch:{i}" for i in range(5, steps + 1, 5)]
-    assert cp.metadata == ({"last": steps} if steps else {})
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -55,31 +32,25 @@ def _lines(path: Path) -> list[bytes]:
 
 def test_a_save_appends_one_small_record_and_leaves_the_snapshot_alone(tmp_path: Path) -> None:
     store = FileCheckpointStore(tmp_path)
-    cp = TaskCheckpoint(task_id="t")
-    for _ in range(200):
-        _grow(cp)
-        store.save(cp)
+    cp = grown(store, 200)
     snapshot = store.path_for("t").read_bytes()
     journal = store.journal_path_for("t")
     size = journal.stat().st_size
-    _grow(cp)
+    grow(cp)
     store.save(cp)
     assert store.path_for("t").read_bytes() == snapshot  # the first save's snapshot, untouched
-    grown = journal.stat().st_size - size
-    assert 0 < grown < 400, grown  # one call's record, not the task (the snapshot is 200 bytes)
+    added = journal.stat().st_size - size
+    assert 0 < added < 400, added  # one call's record, not the task (the snapshot is 200 bytes)
     assert len(_lines(journal)) == 1 + 200  # header + one line per save after the first
-    _assert_grown_to(FileCheckpointStore(tmp_path).load("t"), 201)
+    assert_grown_to(FileCheckpointStore(tmp_path).load("t"), 201)
 
 
 def test_sqlite_and_memory_saves_write_one_record_too(tmp_path: Path) -> None:
     sqlite_store = SQLiteCheckpointStore(tmp_path / "c.db")
     memory_store = MemoryCheckpointStore()
     for store in (sqlite_store, memory_store):
-        cp = TaskCheckpoint(task_id="t")
-        for _ in range(50):
-            _grow(cp)
-            store.save(cp)
-        _assert_grown_to(store.load("t"), 50)
+        grown(store, 50)
+        assert_grown_to(store.load("t"), 50)
     with sqlite3.connect(tmp_path / "c.db") as db:
         rows = db.execute("SELECT version, length(body) FROM lg_checkpoint_journal ORDER BY version").fetchall()
     assert [v for v, _ in rows] == list(range(2, 51)) and max(n for _, n in rows) < 300
@@ -88,10 +59,7 @@ def test_sqlite_and_memory_saves_write_one_record_too(tmp_path: Path) -> None:
 
 def _three_saves(tmp_path: Path) -> tuple[FileCheckpointStore, TaskCheckpoint, Path]:
     store = FileCheckpointStore(tmp_path)
-    cp = TaskCheckpoint(task_id="t")
-    for _ in range(4):  # a snapshot, then three records
-        _grow(cp)
-        store.save(cp)
+    cp = grown(store, 4)  # a snapshot, then three records
     return store, cp, store.journal_path_for("t")
 
 
@@ -99,17 +67,17 @@ def _three_saves(tmp_path: Path) -> tuple[FileCheckpointStore, TaskCheckpoint, P
 def test_a_torn_last_record_is_dropped_and_cut_off_by_the_next_save(tmp_path: Path, cut: int) -> None:
     store, cp, journal = _three_saves(tmp_path)
     complete = journal.read_bytes()
-    _grow(cp)
+    grow(cp)
     store.save(cp)
     record = journal.read_bytes()[len(complete) :]
     journal.write_bytes(complete + record[:cut])  # a writer killed mid-append (never acknowledged)
     resumed = FileCheckpointStore(tmp_path).load("t")
-    _assert_grown_to(resumed, 4)
+    assert_grown_to(resumed, 4)
     assert resumed is not None
-    _grow(resumed)
+    grow(resumed)
     FileCheckpointStore(tmp_path).save(resumed)  # the torn bytes are cut off, not glued to
     assert journal.read_bytes().startswith(complete) and journal.read_bytes().endswith(b"\n")
-    _assert_grown_to(FileCheckpointStore(tmp_path).load("t"), 5)
+    assert_grown_to(FileCheckpointStore(tmp_path).load("t"), 5)
     assert not (tmp_path / ".quarantine").exists()
 
 
@@ -127,28 +95,25 @@ def test_a_damaged_record_raises_stays_on_disk_and_is_quarantined(tmp_path: Path
     assert info.value.quarantine is not None and Path(info.value.quarantine).read_bytes() == damaged
     # force overwrites (a snapshot), after which the task loads again
     fresh = TaskCheckpoint(task_id="t")
-    _grow(fresh)
+    grow(fresh)
     store.save(fresh, force=True)
-    _assert_grown_to(store.load("t"), 1)
+    assert_grown_to(store.load("t"), 1)
 
 
 def test_a_journal_that_names_another_snapshot_is_ignored_never_applied_twice(tmp_path: Path) -> None:
     # A compaction killed after its snapshot's rename and before the journal reset leaves
     # the old records next to a snapshot that already holds them.
     store = FileCheckpointStore(tmp_path)
-    cp = TaskCheckpoint(task_id="t")
-    for _ in range(6):
-        _grow(cp)
-        store.save(cp)
+    cp = grown(store, 6)
     stale = store.journal_path_for("t").read_bytes()
     store.save(cp, force=True)  # a snapshot holding all six steps; the journal is emptied
     store.journal_path_for("t").write_bytes(stale)  # as if the reset never happened
     loaded = FileCheckpointStore(tmp_path).load("t")
-    _assert_grown_to(loaded, 6)
+    assert_grown_to(loaded, 6)
     assert loaded is not None
-    _grow(loaded)
+    grow(loaded)
     FileCheckpointStore(tmp_path).save(loaded)  # restarts the journal for the new snapshot
-    _assert_grown_to(FileCheckpointStore(tmp_path).load("t"), 7)
+    assert_grown_to(FileCheckpointStore(tmp_path).load("t"), 7)
 
 
 @pytest.mark.parametrize("kind", ["file", "sqlite", "memory"])
@@ -164,13 +129,13 @@ def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path, kind: st
     cp = TaskCheckpoint(task_id="t")
     snapshots = set()
     for _ in range(300):
-        _grow(cp)
+        grow(cp)
         store.save(cp)
         snapshots.add(cp.sync_state().snapshot_bytes)
         # the journal never outgrows its bound by more than one record
         assert cp.sync_state().journal_bytes <= max(2000, cp.sync_state().snapshot_bytes / 2) + 300
     assert len(snapshots) > 3  # it did compact, several times
-    _assert_grown_to(store.load("t"), 300)
+    assert_grown_to(store.load("t"), 300)
     if isinstance(store, FileCheckpointStore):
         assert len(_lines(store.journal_path_for("t"))) < 300
     store.close()
@@ -301,7 +266,7 @@ def _save_dying_at(directory: Path, options: dict[str, Any], call: int, after: b
                     setattr(os, name, dying(getattr(os, name)))
             store = FileCheckpointStore(directory, **options)
             cp = store.load("t") or TaskCheckpoint(task_id="t")
-            _grow(cp)
+            grow(cp)
             store.save(cp)
             code = _FINISHED
         finally:
@@ -332,10 +297,7 @@ def test_dying_at_any_write_of_a_save_loses_nothing_saved_and_applies_nothing_tw
 ) -> None:
     template = tmp_path / "template"
     store = FileCheckpointStore(template)
-    cp = TaskCheckpoint(task_id="t")
-    for _ in range(steps):
-        _grow(cp)
-        store.save(cp)
+    cp = grown(store, steps)
     if options.pop("restart", False):
         store.save(cp, force=True)  # a snapshot; the journal is empty, the next save restarts it
     calls = 0
@@ -349,14 +311,14 @@ def test_dying_at_any_write_of_a_save_loses_nothing_saved_and_applies_nothing_tw
             reached = 0 if loaded is None else loaded.step
             assert reached in (steps, steps + 1), (scenario, call, after)
             if reached:
-                _assert_grown_to(loaded, reached)
+                assert_grown_to(loaded, reached)
             if code == _FINISHED:
                 assert reached == steps + 1
             # whoever comes next resumes from there and saves on top of it
             resumed = loaded or TaskCheckpoint(task_id="t")
-            _grow(resumed)
+            grow(resumed)
             FileCheckpointStore(work, **options).save(resumed)
-            _assert_grown_to(FileCheckpointStore(work).load("t"), reached + 1)
+            assert_grown_to(FileCheckpointStore(work).load("t"), reached + 1)
         if code == _FINISHED:
             calls = call
             break
@@ -365,49 +327,6 @@ def test_dying_at_any_write_of_a_save_loses_nothing_saved_and_applies_nothing_tw
 
 
 # -- any edits, any saves, any reloads ---------------------------------------------------------
-
-_keys = st.sampled_from(["search:1", "search:2", "fetch:1", "fetch:2", "read:1"])
-_values = st.one_of(st.integers(-3, 3), st.text("ab ", max_size=4), st.lists(st.integers(0, 2), max_size=2))
-_ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("success"), _keys, _values),
-        st.tuples(st.just("failure"), _keys, st.none()),
-        st.tuples(st.just("result"), st.just(""), _values),
-        st.tuples(st.just("set"), _keys, _values),
-        st.tuples(st.just("delete"), _keys, st.none()),
-        st.tuples(st.just("forget_failure"), _keys, st.none()),
-        st.tuples(st.just("replace_result"), st.just(""), _values),
-        st.tuples(st.just("append_result"), st.just(""), _values),
-        st.tuples(st.just("metadata"), _keys, _values),
-        st.tuples(st.just("step"), st.just(""), st.none()),
-        st.tuples(st.just("save"), st.just(""), st.none()),
-        st.tuples(st.just("reload"), st.just(""), st.none()),
-    ),
-    max_size=30,
-)
-
-
-def _apply(cp: TaskCheckpoint, op: str, key: str, value: Any) -> None:
-    if op == "success":
-        cp.record_success(key, value)
-    elif op == "failure":
-        cp.record_failure(key, NOT_FOUND)
-    elif op == "result":
-        cp.add_result(value)
-    elif op == "set":
-        cp.completed[key] = value
-    elif op == "delete":
-        cp.completed.pop(key, None)
-    elif op == "forget_failure" and key in cp.known_bad:
-        del cp.known_bad[key]
-    elif op == "replace_result" and cp.results:
-        cp.results[len(cp.results) // 2] = value
-    elif op == "append_result":
-        cp.results.append(value)
-    elif op == "metadata":
-        cp.metadata[key] = value
-    elif op == "step":
-        cp.step += 1
 
 
 def _state(cp: TaskCheckpoint) -> tuple[object, ...]:
@@ -429,7 +348,7 @@ def scratch() -> Iterator[Path]:
 
 @pytest.mark.parametrize("kind", ["file", "sqlite", "memory"])
 @settings(max_examples=60, deadline=None)
-@given(ops=_ops)
+@given(ops=edits("save", "reload"))
 def test_whatever_is_edited_saved_and_reloaded_loads_back_equal(
     kind: str, ops: list[tuple[str, str, Any]], scratch: Path
 ) -> None:
@@ -465,7 +384,7 @@ def test_whatever_is_edited_saved_and_reloaded_loads_back_equal(
                 assert loaded is not None
                 cp = loaded
             else:
-                _apply(cp, op, key, value)
+                apply_edit(cp, op, key, value)
     finally:
         for opened_store in opened:
             opened_store.close()

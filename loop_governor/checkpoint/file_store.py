@@ -575,7 +575,9 @@ class FileCheckpointStore:
         except CorruptData:
             if not force:
                 raise
-            header, start = None, 0
+            # overwritten below; the new version stays ahead of any record it held
+            disk.version = max(disk.version, file_journal.max_version(self._journal_bytes(disk)))
+            return
         if header is None or header != disk.snapshot:
             return  # torn or stale: the next record restarts the journal for this snapshot
         disk.journal_current = True

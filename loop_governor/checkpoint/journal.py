@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from loop_governor.checkpoint.codec import CorruptData, checksum, parse_body
 from loop_governor.checkpoint.model import (
+    HASHED_KEY_PREFIX,
     SCHEMA_VERSION,
     Serializer,
     TaskCheckpoint,
@@ -202,10 +203,12 @@ class PendingSave:
             ops = []
             for key, op, value, raw in taken[1]:
                 if op == DEL:
-                    ops.append(b'["-",' + dump(key) + b"]")
+                    # The key as stored: a key put in directly was stored by its hash, and
+                    # its own spelling (which may hold a secret) never reaches the store.
                     stored = storage_key(key)
-                    if stored != key:  # it may have been stored under its hashed form
-                        ops.append(b'["-",' + dump(stored) + b"]")
+                    ops.append(b'["-",' + dump(stored) + b"]")
+                    if stored != key and key.startswith(HASHED_KEY_PREFIX):  # a hash: safe, and maybe what is stored
+                        ops.append(b'["-",' + dump(key) + b"]")
                     continue
                 if name == b"c":
                     name_json, value_json = entry(key, value, raw, ser, "completed")

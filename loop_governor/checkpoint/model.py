@@ -43,7 +43,8 @@ saves but never loads again would lose the task."""
 Serializer = Callable[[Any], Any]
 """Turns a non-JSON value into a JSON value (like ``json.dumps(default=...)``)."""
 
-_HASHED_KEY_PREFIX = "sha256:"
+HASHED_KEY_PREFIX = "sha256:"
+"""What a stored key starts with when it is the SHA-256 of a call key (see :func:`storage_key`)."""
 
 
 def storage_key(call_key: str) -> str:
@@ -56,7 +57,7 @@ def storage_key(call_key: str) -> str:
     """
     if redact(call_key) == call_key:
         return call_key
-    return _HASHED_KEY_PREFIX + hashlib.sha256(call_key.encode("utf-8", "surrogatepass")).hexdigest()
+    return HASHED_KEY_PREFIX + hashlib.sha256(call_key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # Dict keys inside tool results repeat on every call ("hits", "title"...), and redacting
@@ -94,12 +95,23 @@ def to_json_value(value: Any, serializer: Serializer | None = None, where: str =
     asked to convert any value that is not JSON.
     """
     try:
-        return _convert(value, serializer, where, 0)
+        return _convert(value, serializer, 0)
+    except _NotJson as exc:
+        raise CheckpointSerializationError(f"{where}{''.join(reversed(exc.path))}: {exc}") from None
     except RecursionError:
         raise CheckpointSerializationError(f"{where}: nested too deeply (or circular)") from None
 
 
-def _convert(value: Any, serializer: Serializer | None, where: str, depth: int) -> JsonValue:
+class _NotJson(Exception):
+    """Internal: a value is not JSON; ``path`` collects where it sits on the way up
+    (built only on failure, so a conversion that succeeds formats no location)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.path: list[str] = []
+
+
+def _convert(value: Any, serializer: Serializer | None, depth: int) -> JsonValue:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -111,22 +123,30 @@ def _convert(value: Any, serializer: Serializer | None, where: str, depth: int) 
             return float(value)
     elif isinstance(value, (dict, list)):
         if depth >= MAX_DEPTH:
-            raise CheckpointSerializationError(
-                f"{where}: nested deeper than {MAX_DEPTH} levels (a checkpoint that deep could not be loaded back)"
-            )
+            raise _NotJson(f"nested deeper than {MAX_DEPTH} levels (a checkpoint that deep could not be loaded back)")
         if isinstance(value, list):
-            return [_convert(item, serializer, where, depth + 1) for item in value]
+            items: list[JsonValue] = []
+            for i, item in enumerate(value):
+                try:
+                    items.append(_convert(item, serializer, depth + 1))
+                except _NotJson as exc:
+                    exc.path.append(f"[{i}]")
+                    raise
+            return items
         out: dict[str, JsonValue] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 if serializer is None:
-                    raise CheckpointSerializationError(
-                        f"{where}: dict key {key!r} is a {type(key).__name__}, not a string; "
-                        "JSON would turn it into a string"
+                    raise _NotJson(
+                        f"dict key {key!r} is a {type(key).__name__}, not a string; JSON would turn it into a string"
                     )
                 break
             name = str.__str__(key)
-            converted = _convert(item, serializer, where, depth + 1)
+            try:
+                converted = _convert(item, serializer, depth + 1)
+            except _NotJson as exc:
+                exc.path.append(f"[{key!r}]")
+                raise
             # {"password": "correct horse"}: neither string looks secret alone, and a
             # password has no shape to match, so the whole value goes.
             if len(name) <= _MEMO_NAME_MAX:
@@ -137,16 +157,14 @@ def _convert(value: Any, serializer: Serializer | None, where: str, depth: int) 
         else:
             return out
     if serializer is None:
-        raise CheckpointSerializationError(
-            f"{where}: {type(value).__name__} is not JSON; checkpoints store JSON only "
+        raise _NotJson(
+            f"{type(value).__name__} is not JSON; checkpoints store JSON only "
             "(pass serializer=... to the checkpoint or the store to convert it)"
         )
     converted = serializer(value)
     if type(converted) is type(value):
-        raise CheckpointSerializationError(
-            f"{where}: serializer returned a {type(value).__name__} again for {type(value).__name__}"
-        )
-    return _convert(converted, serializer, where, depth)
+        raise _NotJson(f"serializer returned a {type(value).__name__} again for {type(value).__name__}")
+    return _convert(converted, serializer, depth)
 
 
 _memo_storage_key = lru_cache(maxsize=(2 << 20) // _MEMO_ENTRY_BYTES)(storage_key)

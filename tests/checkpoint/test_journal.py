@@ -141,6 +141,36 @@ def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path, kind: st
     store.close()
 
 
+@pytest.mark.parametrize("kind", ["file", "sqlite", "memory"])
+def test_no_record_carries_a_secret_not_even_a_removal(tmp_path: Path, kind: str) -> None:
+    secret = "sk-proj-abcdefghijklmnop1234567890"
+    store: CheckpointStore
+    if kind == "file":
+        store = FileCheckpointStore(tmp_path)
+    elif kind == "sqlite":
+        store = SQLiteCheckpointStore(tmp_path / "c.db")
+    else:
+        store = MemoryCheckpointStore()
+    cp = TaskCheckpoint(task_id="t")
+    store.save(cp)
+    direct = f'call:{{"api_key":"{secret}"}}'
+    cp.completed[direct] = f"token {secret}"  # put in directly: converted by the save
+    cp.results.append({"password": "hunter2-secret"})
+    store.save(cp)
+    loaded = store.load("t")
+    assert loaded is not None and len(loaded.completed) == 1
+    del cp.completed[direct]
+    store.save(cp)
+    loaded = store.load("t")
+    assert loaded is not None and loaded.completed == {}
+    if isinstance(store, MemoryCheckpointStore):
+        stored = b"".join(r[2] for r in store._data["t"].records)
+    else:
+        stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert secret.encode() not in stored and b"hunter2-secret" not in stored
+    store.close()
+
+
 @pytest.mark.parametrize("swap", ["another checkpoint's section", "a plain dict"])
 def test_a_section_swapped_for_another_container_is_saved_whole(tmp_path: Path, swap: str) -> None:
     # Changes are tracked by the containers themselves; a swapped-in container's changes

@@ -73,6 +73,13 @@ def test_non_json_result_raises_a_typed_error_naming_the_call(value: object, fra
     assert cp.completed == {}
 
 
+def test_a_non_json_value_is_named_by_where_it_sits() -> None:
+    cp = TaskCheckpoint(task_id="t")
+    with pytest.raises(CheckpointSerializationError) as info:
+        cp.record_success("tool:{}", {"a": [1, {"b": dt.date(2025, 1, 1)}]})
+    assert str(info.value).startswith("result of 'tool:{}'['a'][1]['b']: date is not JSON")
+
+
 @dataclasses.dataclass
 class Page:
     url: str

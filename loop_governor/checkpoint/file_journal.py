@@ -21,7 +21,6 @@ corruption, wherever it is.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -148,13 +147,3 @@ def max_version(data: bytes) -> int:
             pass
         start = end + 1
     return best
-
-
-def header_payload(data: bytes) -> dict[str, object] | None:
-    """The header's JSON, for tools that look into a journal (``None`` if unreadable)."""
-    try:
-        header, end = parse_header(data)
-        doc = json.loads(data[: end - TRAILER_LEN]) if header else None
-    except (CorruptData, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None

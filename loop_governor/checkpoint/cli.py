@@ -66,9 +66,10 @@ def ls(store: StoreOption) -> None:
         for task_id in ids:
             try:
                 cp = backend.load(task_id)
-            except CheckpointError as exc:
+            except Exception as exc:  # one bad checkpoint must not hide the others
                 corrupt += 1
-                table.add_row(escape(task_id), "[red]CORRUPT[/red]", "", "", "", "", escape(str(exc)))
+                label = "CORRUPT" if isinstance(exc, CheckpointError) else type(exc).__name__
+                table.add_row(escape(task_id), f"[red]{escape(label)}[/red]", "", "", "", "", escape(str(exc)))
                 continue
             if cp is None:  # deleted between list and load
                 continue
@@ -81,8 +82,15 @@ def ls(store: StoreOption) -> None:
                 str(len(cp.results)),
                 _when(cp.updated_at),
             )
+        # Files no task id leads to (a long-id checkpoint too damaged to name its task):
+        # listed by file name, so they are noticed, but never passed to load or rm.
+        unidentified = getattr(backend, "unidentified", None)
+        orphans: list[tuple[str, str]] = unidentified() if callable(unidentified) else []
+        for name, reason in orphans:
+            corrupt += 1
+            table.add_row(f"[dim](file)[/dim] {escape(name)}", "[red]CORRUPT[/red]", "", "", "", "", escape(reason))
         console.print(table)
-        summary = f"{len(ids)} checkpoint(s)"
+        summary = f"{len(ids) + len(orphans)} checkpoint(s)"
         if corrupt:
             summary += f", [red]{corrupt} corrupt[/red] (left in place; see the quarantine copy)"
         console.print(summary)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from loop_governor.trace.report import render_report
+from loop_governor.trace.report import render_report, skipped_note
 from loop_governor.trace.store import load_trace
 
 
@@ -27,7 +27,7 @@ def report(
     console.print(
         f"[bold]{output}[/bold]: {len(loaded.model_calls)} model calls, {len(loaded.tool_calls)} tool calls, "
         f"{len(loaded.anomalies)} anomalies"
-        + (f", {loaded.skipped_lines} unreadable lines skipped" if loaded.skipped_lines else "")
+        + (f", {skipped_note(loaded)}" if loaded.skipped_lines or loaded.skipped_snapshot_lines else "")
     )
 
 

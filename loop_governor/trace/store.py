@@ -59,6 +59,11 @@ class JsonlWriter:
         # a prompt that cannot be rebuilt.
         self._stored: BoundedMemo[str, None] = BoundedMemo((budget or TraceBudget()).stored_hashes)
 
+    @property
+    def stored_bytes(self) -> int:
+        """Estimated bytes of the dedup memo (<= ``TraceBudget.stored_hashes``)."""
+        return self._stored.bytes
+
     def _open(self) -> tuple[IO[str], IO[str]]:
         if self._trace is not None and self._snapshots is not None:
             return self._trace, self._snapshots

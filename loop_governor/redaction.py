@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 _MASK = "[REDACTED]"
 
@@ -75,7 +75,18 @@ def is_secret_key(name: str) -> bool:
 
 # --- rules ----------------------------------------------------------------------------------
 
-_Rule = tuple[tuple[str, ...], Callable[[str], str]]
+
+class _Rule(NamedTuple):
+    hints: tuple[str, ...]  # lower-case fragments, one of which any match contains
+    apply: Callable[[str], str]
+    scan_alone: bool = False  # its regex scans faster than the fragments are looked up
+
+
+# "\bAKIA..." written as "AKIA(?<!\w....)...": the same match, but a pattern that starts with
+# a literal lets the regex engine skip through the text at memchr speed (~30 us per 100 KB
+# instead of ~1.5 ms), cheaper than even a substring pre-check; such rules run unchecked on
+# long texts (scan_alone).
+_AFTER_4 = r"(?<![A-Za-z0-9_]....)"
 
 
 def _sub(pattern: str, repl: str, flags: int = 0) -> Callable[[str], str]:
@@ -228,11 +239,11 @@ def _redact_pairs(text: str) -> str:
 
 # Order matters: whole blocks and URLs before headers, specific formats before name=value.
 _RULES: tuple[_Rule, ...] = (
-    (("private key",), _redact_pem),
-    (("://",), _sub(_URL_USERINFO, r"\1:" + _MASK + "@")),
-    (("token=", "key=", "sig=", "signature=", "credential=", "id="), _sub(_QUERY_PARAM, r"\1" + _MASK)),
+    _Rule(("private key",), _redact_pem),
+    _Rule(("://",), _sub(_URL_USERINFO, r"\1:" + _MASK + "@")),
+    _Rule(("token=", "key=", "sig=", "signature=", "credential=", "id="), _sub(_QUERY_PARAM, r"\1" + _MASK)),
     # Authorization: <scheme> <credentials>, whatever the scheme
-    (
+    _Rule(
         ("authorization",),
         _sub(
             r"(?i)(\bauthorization\\*[\"']?\s*[:=]\s*\\*[\"']?)(?:[A-Za-z\-]+\s+)?(?!\[REDACTED\])[^\s\"',;\\]{4,}",
@@ -241,33 +252,41 @@ _RULES: tuple[_Rule, ...] = (
     ),
     # Bearer <token> / Basic <base64> elsewhere: only a credential-looking value (it has a
     # digit or base64 punctuation), so "a basic explanation" stays readable.
-    (
+    _Rule(
         ("bearer", "basic"),
         _sub(r"(?i)\b(bearer|basic)\s+(?=[A-Za-z._~\-]*[0-9+/=])[A-Za-z0-9\-._~+/]{8,}=*", r"\1 " + _MASK),
     ),
     # OpenAI / Anthropic / generic "sk-" keys, Stripe style keys
-    (("k-",), _sub(r"\b(?:sk|rk|pk)-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{8,}", _MASK)),
-    (("k_",), _sub(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{8,}", _MASK)),
+    _Rule(("k-",), _sub(r"\b(?:sk|rk|pk)-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{8,}", _MASK)),
+    _Rule(("k_",), _sub(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{8,}", _MASK)),
     # AWS access key ids
-    (("akia", "asia", "agpa", "aida", "aroa"), _sub(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{12,}\b", _MASK)),
+    _Rule(
+        ("akia", "asia", "agpa", "aida", "aroa"),
+        _sub(rf"(?:AKIA|ASIA|AGPA|AIDA|AROA){_AFTER_4}[A-Z0-9]{{12,}}\b", _MASK),
+        scan_alone=True,
+    ),
     # Google API keys and OAuth access tokens
-    (("aiza",), _sub(r"\bAIza[0-9A-Za-z_\-]{30,}", _MASK)),
-    (("ya29.",), _sub(r"\bya29\.[0-9A-Za-z_\-]{20,}", _MASK)),
+    _Rule(("aiza",), _sub(rf"AIza{_AFTER_4}[0-9A-Za-z_\-]{{30,}}", _MASK), scan_alone=True),
+    _Rule(("ya29.",), _sub(r"\bya29\.[0-9A-Za-z_\-]{20,}", _MASK)),
     # GitHub, GitLab, Slack, Hugging Face tokens
-    (("gh", "github_pat_"), _sub(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})", _MASK)),
-    (("glpat-",), _sub(r"\bglpat-[A-Za-z0-9_\-]{20,}", _MASK)),
-    (("xox",), _sub(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}", _MASK)),
-    (("hf_",), _sub(r"\bhf_[A-Za-z0-9]{20,}", _MASK)),
+    _Rule(
+        ("gh", "github_pat_"),
+        _sub(rf"gh[pousr]_{_AFTER_4}[A-Za-z0-9]{{20,}}|github_pat_(?<![A-Za-z0-9_].{{11}})[A-Za-z0-9_]{{20,}}", _MASK),
+        scan_alone=True,
+    ),
+    _Rule(("glpat-",), _sub(r"\bglpat-[A-Za-z0-9_\-]{20,}", _MASK)),
+    _Rule(("xox",), _sub(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}", _MASK)),
+    _Rule(("hf_",), _sub(r"\bhf_[A-Za-z0-9]{20,}", _MASK)),
     # JSON Web Tokens
-    (("eyj",), _sub(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", _MASK)),
+    _Rule(("eyj",), _sub(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", _MASK)),
     # name=value / "name": "value" for secret-named keys
-    (("pass", "secret", "key", "token", "auth", "pwd", "credential", "cookie"), _redact_pairs),
+    _Rule(("pass", "secret", "key", "token", "auth", "pwd", "credential", "cookie"), _redact_pairs),
 )
 
 
 # Every fragment any rule needs, as one regex: for short strings (tool names, call keys,
 # task ids: most strings a trace record holds) one search beats a scan per fragment.
-_ANY_HINT = re.compile("|".join(re.escape(hint) for hints, _ in _RULES for hint in hints))
+_ANY_HINT = re.compile("|".join(re.escape(hint) for rule in _RULES for hint in rule.hints))
 _SHORT = 128
 
 
@@ -282,10 +301,14 @@ def redact(text: str) -> str:
     lowered = text.lower()
     if len(text) <= _SHORT and _ANY_HINT.search(lowered) is None:
         return text
-    for hints, rule in _RULES:
-        for hint in hints:
+    short = len(text) <= _SHORT
+    for rule in _RULES:
+        if rule.scan_alone and not short:
+            text = rule.apply(text)
+            continue
+        for hint in rule.hints:
             if hint in lowered:
-                text = rule(text)
+                text = rule.apply(text)
                 break
     return text
 

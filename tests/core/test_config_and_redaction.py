@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import loop_governor as lg
@@ -277,3 +279,51 @@ def test_mask_url_handles_passwords_with_at_and_slash() -> None:
     from loop_governor.redaction import mask_url
 
     assert mask_url("redis://:p@ss/w0rd@10.0.0.1:6379/0") == "redis://:[REDACTED]@10.0.0.1:6379/0"
+
+
+_FRAGMENTS = [
+    "github_pat_11AB0123456789_xyzXYZ",
+    "ghp_0123456789abcdefghijklmnopqrstuvwxyz",
+    "AKIAIOSFODNN7EXAMPLE",
+    "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    "sk-proj-abcdefghijklmnop",
+    "xoxb-0123456789-abc",
+    "hf_abcdefghijklmnopqrstu",
+    "eyJhbGciOiJI.eyJzdWIiOiIx.dozjgNryP4J3",
+    "ya29.a0AfH6SMBx0123456789abcd",
+    "glpat-0123456789abcdefghij",
+    "postgres://u:p@ss/w@db:1/x",
+    "?token=abc",
+    "&X-Amz-Signature=ff",
+    "Bearer abcdef12345",
+    "Authorization: Basic dXNl",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIE",
+    "-----END RSA PRIVATE KEY-----",
+    "Cookie: a=b; c=d",
+    "DB_PASSWORD=x1",
+    '"password": "a b\\"c"',
+    '\\"api_key\\": \\"x y\\"',
+    "GITHUB_TOKEN=abc",
+    " ",
+    "\n",
+    '"',
+    "'",
+    ":",
+    "=",
+    "&",
+    "x",
+    "é",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=6), max_size=12))
+def test_the_fragment_prechecks_never_skip_a_rule_that_would_match(parts: list[str]) -> None:
+    from loop_governor.redaction import _RULES
+
+    text = "".join(parts)
+    unchecked = text
+    for rule in _RULES:
+        unchecked = rule.apply(unchecked)
+    assert lg.redact(text) == unchecked
+    assert lg.redact(lg.redact(text)) == lg.redact(text)

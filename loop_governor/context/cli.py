@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from loop_governor.terminal import cell
 
 from .replay import POLICY_NOTES, default_policies, load_runs, provider_calibration, replay
 
@@ -34,7 +35,7 @@ def replay_command(
     unreadable: list[Path] = []
     runs = load_runs(paths, unreadable)
     if unreadable:
-        Console(stderr=True).print(f"skipped {len(unreadable)} unreadable file(s), first: {escape(str(unreadable[0]))}")
+        Console(stderr=True).print(f"skipped {len(unreadable)} unreadable file(s), first: {cell(unreadable[0])}")
     if not runs:
         raise typer.BadParameter("no runs found in the given paths")
     rows = replay(runs, default_policies(), cache_price)

@@ -119,10 +119,10 @@ _FATAL_TEXT = re.compile(
     r"|security token included in the request is (?:invalid|expired)|invalidclienttokenid"
     r"|unrecognizedclientexception|signaturedoesnotmatch|password authentication failed"
     r"|\bwrongpass\b|\bnoauth\b|authentication required|no api key provided|quota (?:exceeded|exhausted)"
+    r"(?!.{0,80}\bper\s+(?:second|minute|hour))|exceeded (?:the |your )?quota(?!.{0,80}\bper\s+(?:second|minute|hour))"
     # Anthropic's spend and usage limits (a 429 rate_limit_error or a 400): no wait lifts them
     r"|spend(?:ing)? limit|(?:specified|monthly) (?:api )?usage limits?|regain access on"
-    r"|(?:extra usage|usage credits) (?:is|are) required"
-    r"(?!.{0,80}\bper\s+(?:second|minute|hour))|exceeded (?:the |your )?quota(?!.{0,80}\bper\s+(?:second|minute|hour))",
+    r"|(?:extra usage|usage credits) (?:is|are) required",
     re.I | re.S,
 )
 

@@ -107,6 +107,9 @@ ANTHROPIC_LIMITS = (
     "anthropic messages.create 403 permission_error on a resource",
     "anthropic messages.create 429 account rate limit",
     "anthropic messages.create 403 organization has been disabled",
+    # per-minute quotas stay transient next to the new spend-limit texts
+    "google-api-core (grpc_helpers) RateExhausted",
+    "grpc server aborts RateExhausted",
 )
 
 
@@ -116,4 +119,7 @@ def test_anthropic_spend_limits_are_fatal_and_a_resource_permission_is_permanent
     by_description = {c.description: c for c in corpus}
     got = {d: str(lg.classify(by_description[d].exc).error_type) for d in ANTHROPIC_LIMITS}
     assert got == {d: by_description[d].expected for d in ANTHROPIC_LIMITS}
-    assert [by_description[d].expected for d in ANTHROPIC_LIMITS] == [FATAL, FATAL, FATAL, PERMANENT, TRANSIENT, FATAL]
+    assert [by_description[d].expected for d in ANTHROPIC_LIMITS] == [
+        *(FATAL, FATAL, FATAL, PERMANENT, TRANSIENT, FATAL),
+        *(TRANSIENT, TRANSIENT),
+    ]

@@ -101,27 +101,44 @@ _PEM_BODY = re.compile(r"[A-Za-z0-9+/=\s\\:,.\-]*")
 _PEM_MAX = 64 * 1024
 
 
-def _redact_pem(text: str) -> str:
+def _splice(
+    text: str, pattern: re.Pattern[str], edit: Callable[[str, re.Match[str]], tuple[int, int, str] | None]
+) -> str:
+    """``text`` with a span per match of ``pattern`` replaced, as ``edit`` decides: it returns
+    ``(start, stop, replacement)`` or None to leave the match alone. A match inside a span
+    already replaced is skipped; the same object comes back when nothing changed."""
     out: list[str] = []
     pos = 0
-    for m in _PEM_BEGIN.finditer(text):
+    for m in pattern.finditer(text):
         if m.start() < pos:
-            continue  # inside a block already masked
-        label = m.group(1)
-        end_marker = f"-----END {label}-----"
-        end = text.find(end_marker, m.end(), m.end() + _PEM_MAX)
-        if end >= 0:
-            stop = end + len(end_marker)
-        else:
-            body = _PEM_BODY.match(text, m.end())
-            stop = body.end() if body else m.end()
-        out.append(text[pos : m.start()])
-        out.append(f"-----BEGIN {label}-----{_MASK}-----END {label}-----")
+            continue
+        span = edit(text, m)
+        if span is None:
+            continue
+        start, stop, replacement = span
+        out.append(text[pos:start])
+        out.append(replacement)
         pos = stop
     if not out:
         return text
     out.append(text[pos:])
     return "".join(out)
+
+
+def _pem_span(text: str, m: re.Match[str]) -> tuple[int, int, str]:
+    label = m.group(1)
+    end_marker = f"-----END {label}-----"
+    end = text.find(end_marker, m.end(), m.end() + _PEM_MAX)
+    if end >= 0:
+        stop = end + len(end_marker)
+    else:
+        body = _PEM_BODY.match(text, m.end())
+        stop = body.end() if body else m.end()
+    return m.start(), stop, f"-----BEGIN {label}-----{_MASK}-----END {label}-----"
+
+
+def _redact_pem(text: str) -> str:
+    return _splice(text, _PEM_BEGIN, _pem_span)
 
 
 # scheme://user:password@host -> keep user and host, drop the password. The password may hold
@@ -198,43 +215,34 @@ def _is_secret_pair_name(name: str, quoted: bool, sep: str) -> bool:
     return _COLON_NAME.search(_CAMEL_BOUNDARY.sub("_", name)) is not None
 
 
+def _pair_span(text: str, m: re.Match[str]) -> tuple[int, int, str] | None:
+    """The value of a secret-named pair found by ``_PAIR``, to mask; None if it is no secret."""
+    name = text[_name_start(text, m.start()) : m.end(1)].strip(".-")
+    sep = m.group(3)
+    if not name or not _is_secret_pair_name(name, m.group(2) is not None, sep):
+        return None
+    value_start = m.end()
+    if text.startswith(_MASK, value_start):
+        return None
+    quote = _OPEN_QUOTE.match(text, value_start)
+    if quote is not None:
+        inner = quote.end()
+        close = _closing_quote(text, inner, quote.group(2), len(quote.group(1)))
+        if close == inner:
+            return None  # an empty string: nothing to hide
+        return inner, len(text) if close < 0 else close, _MASK
+    line = name.lower() in _LINE_VALUE_NAMES
+    bare = (_LINE_VALUE if line else _BARE_VALUE).match(text, value_start)
+    if bare is None:
+        return None
+    value = bare.group(0).rstrip() if line else bare.group(0)
+    if value.lower() in _JSON_LITERALS or (sep == ":" and not line and len(value) < 3):
+        return None
+    return value_start, value_start + len(value), _MASK
+
+
 def _redact_pairs(text: str) -> str:
-    out: list[str] = []
-    pos = 0
-    for m in _PAIR.finditer(text):
-        if m.start() < pos:
-            continue  # inside a value already masked
-        name = text[_name_start(text, m.start()) : m.end(1)].strip(".-")
-        sep = m.group(3)
-        if not name or not _is_secret_pair_name(name, m.group(2) is not None, sep):
-            continue
-        value_start = m.end()
-        if text.startswith(_MASK, value_start):
-            continue
-        quote = _OPEN_QUOTE.match(text, value_start)
-        if quote is not None:
-            inner = quote.end()
-            close = _closing_quote(text, inner, quote.group(2), len(quote.group(1)))
-            if close == inner:
-                continue  # an empty string: nothing to hide
-            out.append(text[pos:inner])
-            out.append(_MASK)
-            pos = len(text) if close < 0 else close
-            continue
-        line = name.lower() in _LINE_VALUE_NAMES
-        bare = (_LINE_VALUE if line else _BARE_VALUE).match(text, value_start)
-        if bare is None:
-            continue
-        value = bare.group(0).rstrip() if line else bare.group(0)
-        if value.lower() in _JSON_LITERALS or (sep == ":" and not line and len(value) < 3):
-            continue
-        out.append(text[pos:value_start])
-        out.append(_MASK)
-        pos = value_start + len(value)
-    if not out:
-        return text
-    out.append(text[pos:])
-    return "".join(out)
+    return _splice(text, _PAIR, _pair_span)
 
 
 # Order matters: whole blocks and URLs before headers, specific formats before name=value.

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
@@ -80,6 +81,12 @@ _CORES = st.lists(
     max_size=40,
     unique_by=str.lower,
 )
+
+
+@pytest.fixture(autouse=True)
+def _otel_sdk_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CrewAI tests set OTEL_SDK_DISABLED=true for the session; spans are a sink here."""
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
 
 
 class _Leak(Exception):

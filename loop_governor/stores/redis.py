@@ -210,6 +210,21 @@ def _num(x: float) -> str:
     return repr(float(x))
 
 
+def _check_userinfo(url: str) -> None:
+    """Refuse a URL whose password holds an unencoded ``/``, ``?`` or ``#``.
+
+    URL parsers end the host part at the first of those, so redis-py would connect to a
+    host named after the rest of the password and echo it in every connection error (and
+    so into traces). The message does not repeat the URL: it holds the password.
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("redis", "rediss") and "@" in f"{parts.path}?{parts.query}#{parts.fragment}":
+        raise ValueError(
+            "the Redis URL's password holds '/', '?' or '#' (or a '@' follows the host): "
+            "percent-encode the password (%2F, %3F, %23, %40)"
+        )
+
+
 def _split_options(url: str) -> tuple[str, dict[str, str]]:
     """Take this store's own options (``?namespace=..&ttl_s=..``) out of a Redis URL, so
     ``GovernorConfig(store_url=...)`` can set them and redis-py never sees them."""
@@ -296,6 +311,7 @@ class RedisStore:
         on_event: EventCallback | None = None,
         client: redis.Redis | None = None,
     ) -> None:
+        _check_userinfo(url)
         url, options = _split_options(url)
         namespace = namespace or options.get("namespace") or "loop-governor"
         ttl_s = float(ttl_s if ttl_s is not None else options.get("ttl_s", 86_400.0))

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 _MASK = "[REDACTED]"
 
@@ -356,3 +357,18 @@ def mask_url(url: str) -> str:
     """The URL without its password, for titles, events and logs (also ``redis://:pw@host``
     and passwords holding ``@`` or ``/``, which ``urlsplit`` misreads)."""
     return redact(url)
+
+
+def refuse_ambiguous_password(url: str) -> None:
+    """Refuse a URL whose password holds an unencoded ``/``, ``?`` or ``#``.
+
+    URL parsers end the host part at the first of those, so redis-py would connect to a
+    host named after the rest of the password and echo it in every connection error (and
+    so into traces). The message does not repeat the URL: it holds the password.
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("redis", "rediss") and "@" in f"{parts.path}?{parts.query}#{parts.fragment}":
+        raise ValueError(
+            "the Redis URL's password holds '/', '?' or '#' (or a '@' follows the host): "
+            "percent-encode the password (%2F, %3F, %23, %40)"
+        )

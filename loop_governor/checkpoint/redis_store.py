@@ -29,6 +29,7 @@ from loop_governor.checkpoint.codec import CorruptData, checksum
 from loop_governor.checkpoint.errors import CheckpointConflictError, CheckpointCorruptedError
 from loop_governor.checkpoint.journal import PendingSave, compaction, replay
 from loop_governor.checkpoint.model import Serializer, TaskCheckpoint
+from loop_governor.redaction import refuse_ambiguous_password
 
 if TYPE_CHECKING:
     import redis
@@ -122,6 +123,7 @@ class RedisCheckpointStore:
         if client is None:
             import redis as redis_module
 
+            refuse_ambiguous_password(url)  # else redis-py echoes part of the password as a host name
             # Bounded waits: a stalled Redis must not hang the agent (the governor reports
             # a failed save as an event and goes on).
             client = redis_module.Redis.from_url(

@@ -52,7 +52,7 @@ from loop_governor.breaker import (
 )
 from loop_governor.ratelimit import Bucket
 from loop_governor.redaction import mask_url as _mask_url
-from loop_governor.redaction import redact
+from loop_governor.redaction import redact, refuse_ambiguous_password
 from loop_governor.stores.base import BreakerStatus, Clock
 from loop_governor.stores.memory import MemoryStore
 
@@ -210,21 +210,6 @@ def _num(x: float) -> str:
     return repr(float(x))
 
 
-def _check_userinfo(url: str) -> None:
-    """Refuse a URL whose password holds an unencoded ``/``, ``?`` or ``#``.
-
-    URL parsers end the host part at the first of those, so redis-py would connect to a
-    host named after the rest of the password and echo it in every connection error (and
-    so into traces). The message does not repeat the URL: it holds the password.
-    """
-    parts = urlsplit(url)
-    if parts.scheme.lower() in ("redis", "rediss") and "@" in f"{parts.path}?{parts.query}#{parts.fragment}":
-        raise ValueError(
-            "the Redis URL's password holds '/', '?' or '#' (or a '@' follows the host): "
-            "percent-encode the password (%2F, %3F, %23, %40)"
-        )
-
-
 def _split_options(url: str) -> tuple[str, dict[str, str]]:
     """Take this store's own options (``?namespace=..&ttl_s=..``) out of a Redis URL, so
     ``GovernorConfig(store_url=...)`` can set them and redis-py never sees them."""
@@ -311,7 +296,7 @@ class RedisStore:
         on_event: EventCallback | None = None,
         client: redis.Redis | None = None,
     ) -> None:
-        _check_userinfo(url)
+        refuse_ambiguous_password(url)
         url, options = _split_options(url)
         namespace = namespace or options.get("namespace") or "loop-governor"
         ttl_s = float(ttl_s if ttl_s is not None else options.get("ttl_s", 86_400.0))

@@ -183,3 +183,16 @@ def test_sqlite_damaged_journal_row_is_quarantined_and_left_in_place(tmp_path: P
         rows = db.execute("SELECT body, reason FROM lg_checkpoint_quarantine").fetchall()
     assert rows == [(bad, rows[0][1])] and "journal record" in rows[0][1]
     store.close()
+
+
+@pytest.mark.parametrize("url", ["redis://:pa/ss@127.0.0.1:1/0", "redis://user:p?w#d@127.0.0.1:1/0"])
+def test_a_redis_url_whose_password_would_become_a_host_name_is_refused(url: str) -> None:
+    """redis-py would cut the host part at the '/' (or '?', '#') inside the password and
+    print the rest of the password in every connection error; both stores refuse it."""
+    from loop_governor.checkpoint import RedisCheckpointStore
+    from loop_governor.stores.redis import RedisStore
+
+    for store in (RedisCheckpointStore, RedisStore):
+        with pytest.raises(ValueError, match="percent-encode") as refused:
+            store(url)
+        assert "pa/ss" not in str(refused.value) and "p?w#d" not in str(refused.value)

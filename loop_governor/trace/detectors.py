@@ -23,6 +23,8 @@ REPEATED_ERROR = "repeated_error"
 CONTEXT_GROWTH = "context_growth"
 LOW_CONTEXT_HEALTH = "low_context_health"
 
+_MAX_SIGNATURES = 1024  # error signatures counted per task; the oldest is forgotten first
+
 
 class DetectorConfig(BaseModel):
     """Thresholds for the detectors."""
@@ -114,6 +116,9 @@ class Detectors:
         signature = event.get("signature") or f"{event.get('tool')}:{event.get('error_type')}"
         state = self._state(event.get("task_id"))
         count = state.error_counts.get(signature, 0) + 1
+        if count == 1 and len(state.error_counts) >= _MAX_SIGNATURES:
+            # a task (or the no-task scope, which never ends) failing in ever new ways
+            del state.error_counts[next(iter(state.error_counts))]
         state.error_counts[signature] = count
         if count < self.config.repeated_error_threshold or f"err:{signature}" in state.flagged:
             return []

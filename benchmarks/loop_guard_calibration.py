@@ -264,12 +264,7 @@ def spliced(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
 
 
 def timing(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
-    gov: list[float] = []
-    fuse: list[float] = []
-    for run in runs:
-        g, f = lr.time_calls(run.turns, run.kind, seed=settings.seed, raise_failures=settings.raise_failures)
-        gov += g
-        fuse += f
+    gov, fuse = lr.time_calls(runs, seed=settings.seed, raise_failures=settings.raise_failures)
     out: dict[str, Any] = {"calls": len(gov)}
     for name, values in (("governor", gov), ("fuse", fuse)):
         out[name] = {

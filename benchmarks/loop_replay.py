@@ -347,48 +347,52 @@ def _model_stub(turn: int) -> dict[str, Any]:
     return {"content": f"turn {turn}"}
 
 
-def time_calls(
-    turns: Sequence[Sequence[Step]], kind: str, *, seed: int = 0, raise_failures: bool = True
-) -> tuple[list[float], list[float]]:
-    """Microseconds per call, for every step of ``turns``: ``g.call`` inside a task (nobody
+def time_calls(runs: Sequence[Run], *, seed: int = 0, raise_failures: bool = True) -> tuple[list[float], list[float]]:
+    """Microseconds per call, for every step of ``runs``: ``g.call`` inside a task (nobody
     listening to events, as in production without a tracer) and trajectory-fuse's
-    ``observe`` (with its ``Action``). Same steps, same process, interleaved; a guard that
-    stops goes on in a fresh task (a fresh ``AgentFuse``), so both time the same calls."""
+    ``observe`` (with its ``Action``). Same steps, same process, interleaved.
+
+    As in production, one governor serves every run, each in its own task (an hour of
+    virtual time apart, so no breaker carries over), and each run gets its own
+    ``AgentFuse``; a guard that stops goes on in a fresh task (fuse), so both time the same
+    calls."""
     clock = VirtualClock(START)
     gov = new_governor(clock, seed)
     AgentFuse, DeadlockDetected, FuseConfig, Action = _fuse_types()
-    guard = AgentFuse(FuseConfig())
     gov_us: list[float] = []
     fuse_us: list[float] = []
     perf = time.perf_counter_ns
-    scope = gov.task("timing-0")
-    scope.__enter__()
-    try:
-        for step in (step for turn in turns for step in turn):
-            clock.sleep(STEP_SECONDS)
-            fn = tool_fn(step, kind, raise_failures=raise_failures, sleep=clock.sleep)
-            tool, args = step.tool, step.args
-            stopped = False
-            start = perf()
-            try:
-                gov.call(tool, fn, args)
-            except lg.FatalError:
-                stopped = True
-            except lg.AgentToolError:
-                pass
-            gov_us.append((perf() - start) / 1000)
-            if stopped:
-                scope.__exit__(None, None, None)
-                scope = gov.task(f"timing-{len(gov_us)}")
-                scope.__enter__()
-            start = perf()
-            try:
-                guard.observe(Action(tool=tool, args=args, result=step.result, success=step.failure is None))
-            except DeadlockDetected:
-                guard = AgentFuse(FuseConfig())
-            fuse_us.append((perf() - start) / 1000)
-    finally:
-        scope.__exit__(None, None, None)
+    for number, run in enumerate(runs):
+        clock.sleep(3600.0)
+        guard = AgentFuse(FuseConfig())
+        scope = gov.task(f"timing-{number}")
+        scope.__enter__()
+        try:
+            for step in run.steps:
+                clock.sleep(STEP_SECONDS)
+                fn = tool_fn(step, run.kind, raise_failures=raise_failures, sleep=clock.sleep)
+                tool, args = step.tool, step.args
+                stopped = False
+                start = perf()
+                try:
+                    gov.call(tool, fn, args)
+                except lg.FatalError:
+                    stopped = True
+                except lg.AgentToolError:
+                    pass
+                gov_us.append((perf() - start) / 1000)
+                if stopped:
+                    scope.__exit__(None, None, None)
+                    scope = gov.task(f"timing-{number}-{len(gov_us)}")
+                    scope.__enter__()
+                start = perf()
+                try:
+                    guard.observe(Action(tool=tool, args=args, result=step.result, success=step.failure is None))
+                except DeadlockDetected:
+                    guard = AgentFuse(FuseConfig())
+                fuse_us.append((perf() - start) / 1000)
+        finally:
+            scope.__exit__(None, None, None)
     return gov_us, fuse_us
 
 

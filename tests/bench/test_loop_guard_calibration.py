@@ -183,6 +183,15 @@ def test_a_governor_stop_is_recorded_at_the_step_that_raised() -> None:
     assert replay.outcomes[-1].startswith("STOP ") and len(replay.outcomes) == replay.governor.step + 1
 
 
+def test_both_guards_are_timed_on_every_call_even_after_they_stop(corpus: tuple[Path, Path]) -> None:
+    runs = lr.load_runs(corpus[0]) + lr.load_runs(corpus[1])
+    steps = sum(len(run.steps) for run in runs)
+    gov_us, fuse_us = lr.time_calls(runs)
+    # the looping runs stop both guards part-way; each goes on in a fresh task / fuse
+    assert len(gov_us) == len(fuse_us) == steps
+    assert all(v > 0 for v in gov_us + fuse_us)
+
+
 @pytest.mark.parametrize("kind", ["swe", "tau"])
 def test_spliced_patterns_are_what_their_names_say(kind: str) -> None:
     run_steps = [lr.Step(t, a, r) for t, a, r in HEALTHY_TAU] if kind == "tau" else []

@@ -99,11 +99,8 @@ def fetch(suites: Sequence[Suite]) -> None:
         wanted = f"{dist}=={version(dist)}"
         archive = _find_archive(downloads, dist)
         if archive is None:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", wanted, "-d"]
-                + [str(downloads)],
-                check=True,
-            )
+            pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+            subprocess.run([*pip, wanted, "-d", str(downloads)], check=True)
             archive = _find_archive(downloads, dist)
         if archive is None:
             raise SystemExit(f"pip download {wanted} left no sdist in {downloads}")
@@ -231,7 +228,8 @@ def report(suites: Sequence[Suite], outcomes: dict[tuple[str, str], Outcome], se
             failed = True
             continue
         passed = sum(1 for s in base.results.values() if s == "passed")
-        print(f"{suite.name:<20} {'unchanged':<10} {len(base.results):>6} {passed:>7} {'':>7} {'':>8} {base.seconds:>6.0f}s")
+        tests = len(base.results)
+        print(f"{suite.name:<20} {'unchanged':<10} {tests:>6} {passed:>7} {'':>7} {'':>8} {base.seconds:>6.0f}s")
         for mode in suite.modes:
             injected = outcomes[(suite.name, mode)]
             regressions, allowed = compare(base, injected)

@@ -13,31 +13,54 @@ of the wrapper already validated the arguments against the same schema, injected
 runtime arguments and opened the tool's callback run. Invoking the inner tool again
 would do all of it twice (about 2x the cost of a plain call, and two tool runs in every
 trace); calling its ``_run`` keeps the wrapper within a few percent of the plain tool.
+
+How a non-fatal governed failure comes out depends on who called. Inside a LangGraph run
+(a ``ToolNode``, with or without ``create_agent`` middleware around it) it is raised as a
+:class:`~langchain_governor.errors.GovernedToolError`: the ``ToolNode`` answers the model
+with the governor's JSON, and a ``ToolErrorMiddleware``, ``ToolRetryMiddleware`` or a
+user's retry wrapper around the call still sees an exception. Called directly (``invoke``
+outside a graph, a legacy ``AgentExecutor``) it comes back as content: an error
+``ToolMessage`` for a tool call, the JSON text otherwise.
+
+One retrier per call: when something around a governed call runs it again for the same
+tool call in the same LangGraph task (a retry wrapper re-calling the handler after the
+governor gave up), the governed outcome is replayed instead of calling the tool again,
+so retries never multiply.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NoReturn
 
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, ToolException
+from langchain_core.tools import BaseTool
 from langchain_core.tools import tool as as_tool
-from langgraph.errors import GraphBubbleUp
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 import loop_governor as lg
 from langchain_governor._common import (
     accepts_param,
     carry,
     config_param,
+    graph_task_id,
+    is_control_flow,
     key_args,
     passthrough,
     resolve_governor,
+    tool_message_from_record,
+    tool_message_record,
 )
-from langchain_governor.errors import GovernedFatalError, fatal_stop
+from langchain_governor.errors import GovernedFatalError, GovernedToolError, fatal_stop, tool_error
+
+__all__ = ["GovernedTool", "GovernedToolError", "govern_tool", "govern_tools"]
 
 # Fields copied verbatim from the wrapped tool: everything a model, a ToolNode or a
 # callback sees of a tool. ``args_schema`` is the same object, not a copy.
@@ -55,31 +78,59 @@ _COPIED_FIELDS = (
     "extras",
 )
 
+# The tool call id of the run in progress (BaseTool.run knows it; _run is not told).
+_TOOL_CALL_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("lg_tool_call_id", default=None)
 
-class GovernedToolError(ToolException):
-    """Carries a non-fatal governed failure out of ``_run`` to ``BaseTool.run``.
+# Set by GovernorMiddleware around the calls below it: it will turn a governed failure
+# into the form the ToolNode answers, so the tool raises it for the middlewares between.
+SURFACING: contextvars.ContextVar[bool] = contextvars.ContextVar("lg_surfacing_tool_errors", default=False)
 
-    ``BaseTool.run`` turns a ``ToolException`` into ``ToolMessage(status="error")`` when
-    the tool was called with a tool-call id (and into a plain string otherwise); the
-    content is the governor's model-facing JSON.
+
+@contextlib.contextmanager
+def _inner_scope() -> Iterator[bool]:
+    """Whether a GovernorMiddleware surfaces this call's failures; off for whatever the
+    tool itself runs (a nested agent's tools answer at their own ToolNode)."""
+    token = SURFACING.set(False)
+    try:
+        yield token.old_value is True
+    finally:
+        SURFACING.reset(token)
+
+
+class _Outcomes:
+    """Governed failures of recent tool calls, by (LangGraph task, tool call id, call key).
+
+    Bounded: an entry only matters while the task that made it may still re-run the
+    same call (a retry wrapper around it), which is moments later.
     """
 
-    def __init__(self, error: lg.AgentToolError) -> None:
-        self.error = error
-        super().__init__(error.info.to_model_text())
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, str, str], lg.AgentToolError] = OrderedDict()
 
+    def get(self, key: tuple[str, str, str] | None) -> lg.AgentToolError | None:
+        if key is None:
+            return None
+        with self._lock:
+            return self._items.get(key)
 
-def _governed_error_text(exc: ToolException) -> str:
-    if isinstance(exc, GovernedToolError):
-        return exc.error.info.to_model_text()
-    raise exc
+    def put(self, key: tuple[str, str, str] | None, error: lg.AgentToolError) -> None:
+        if key is None:
+            return
+        with self._lock:
+            self._items[key] = error
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
 
 
 class GovernedTool(BaseTool):
     """A ``BaseTool`` whose runs go through a :class:`loop_governor.Governor`.
 
-    Non-fatal governed failures come back as content (``ToolMessage(status="error")``
-    for tool calls); a fatal one propagates and stops the run, as a
+    Non-fatal governed failures are raised as
+    :class:`~langchain_governor.errors.GovernedToolError` inside a LangGraph run and come
+    back as content otherwise (``ToolMessage(status="error")`` for tool calls); a fatal one
+    propagates and stops the run, as a
     :class:`~langchain_governor.errors.GovernedFatalError` (a ``loop_governor.FatalError``
     that LangGraph's ``ToolNode(handle_tool_errors=True)`` cannot swallow).
     The inner tool's own ``handle_tool_error`` is bypassed on purpose: the governor's
@@ -90,7 +141,7 @@ class GovernedTool(BaseTool):
 
     inner: BaseTool = Field(exclude=True)
     governor: lg.Governor = Field(exclude=True)
-    handle_tool_error: Any = _governed_error_text
+    _outcomes: _Outcomes = PrivateAttr(default_factory=_Outcomes)
 
     @classmethod
     def wrap(cls, inner: BaseTool, governor: lg.Governor) -> GovernedTool:
@@ -136,7 +187,59 @@ class GovernedTool(BaseTool):
         visible = self._model_fields
         return key_args(args, {k: v for k, v in kwargs.items() if k in visible})
 
+    # -- entry points: who called decides how a failure comes out ----------------------
+
+    def run(self, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        tool_call_id = kwargs.get("tool_call_id")
+        token = _TOOL_CALL_ID.set(tool_call_id)
+        try:
+            return super().run(tool_input, *args, **kwargs)
+        except GovernedToolError as exc:
+            return self._outside_graph(exc, kwargs.get("config"), tool_call_id)
+        finally:
+            _TOOL_CALL_ID.reset(token)
+
+    async def arun(self, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        tool_call_id = kwargs.get("tool_call_id")
+        token = _TOOL_CALL_ID.set(tool_call_id)
+        try:
+            return await super().arun(tool_input, *args, **kwargs)
+        except GovernedToolError as exc:
+            return self._outside_graph(exc, kwargs.get("config"), tool_call_id)
+        finally:
+            _TOOL_CALL_ID.reset(token)
+
+    def _outside_graph(self, exc: GovernedToolError, config: Any, tool_call_id: str | None) -> Any:
+        """Re-raise inside a LangGraph run; elsewhere the JSON is the tool's answer."""
+        if graph_task_id(config) is not None:
+            raise exc
+        if tool_call_id is None:
+            return exc.message
+        return ToolMessage(content=exc.message, tool_call_id=tool_call_id, name=self.name, status="error")
+
     # -- execution --------------------------------------------------------------------
+
+    def _outcome_key(self, config: RunnableConfig, key: Any) -> tuple[str, str, str] | None:
+        task, call_id = graph_task_id(config), _TOOL_CALL_ID.get()
+        if task is None or call_id is None:
+            return None
+        return (task, call_id, lg.call_key(self.name, (key,), {}))
+
+    def _replayed(self, outcome_key: tuple[str, str, str] | None, surfaced: bool) -> None:
+        error = self._outcomes.get(outcome_key)
+        if error is not None:
+            self.governor.emit_tool_error(self.name, error.info, call_key=None, replayed=True)
+            raise tool_error(error, answerable=not surfaced) from error.__cause__
+
+    def _raise_failure(
+        self, exc: lg.AgentToolError, outcome_key: tuple[str, str, str] | None, surfaced: bool
+    ) -> NoReturn:
+        if isinstance(exc, GovernedFatalError):
+            raise exc  # already the pass-through form (a fatal stop from further in)
+        if isinstance(exc, lg.FatalError):
+            raise fatal_stop(exc) from exc
+        self._outcomes.put(outcome_key, exc)
+        raise tool_error(exc, answerable=not surfaced) from exc.__cause__
 
     def _run(
         self,
@@ -145,22 +248,31 @@ class GovernedTool(BaseTool):
         run_manager: CallbackManagerForToolRun | None = None,
         **kwargs: Any,
     ) -> Any:
+        with _inner_scope() as surfaced:
+            return self._governed_run(args, kwargs, config, run_manager, surfaced)
+
+    def _governed_run(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], config: RunnableConfig, run_manager: Any, surfaced: bool
+    ) -> Any:
         key = self._call_key_value(args, kwargs)
+        outcome_key = self._outcome_key(config, key)
+        self._replayed(outcome_key, surfaced)
         call_kwargs = _inner_kwargs(self._inner_sync, kwargs, run_manager, config)
         inner_run = self.inner._run
 
         def attempt(_key: Any) -> Any:
             try:
-                return inner_run(*args, **call_kwargs)
-            except GraphBubbleUp as exc:
-                return carry(exc)
+                return tool_message_record(inner_run(*args, **call_kwargs))
+            except Exception as exc:
+                if is_control_flow(exc):
+                    return carry(exc)
+                raise
 
         try:
-            return passthrough(self.governor.call(self.name, attempt, key))
-        except GovernedFatalError:
-            raise  # already the pass-through form (a fatal stop from further in)
+            value = passthrough(self.governor.call(self.name, attempt, key))
         except lg.AgentToolError as exc:
-            raise _for_langgraph(exc) from exc
+            self._raise_failure(exc, outcome_key, surfaced)
+        return tool_message_from_record(value, _TOOL_CALL_ID.get())
 
     async def _arun(
         self,
@@ -169,22 +281,31 @@ class GovernedTool(BaseTool):
         run_manager: AsyncCallbackManagerForToolRun | None = None,
         **kwargs: Any,
     ) -> Any:
+        with _inner_scope() as surfaced:
+            return await self._agoverned_run(args, kwargs, config, run_manager, surfaced)
+
+    async def _agoverned_run(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], config: RunnableConfig, run_manager: Any, surfaced: bool
+    ) -> Any:
         key = self._call_key_value(args, kwargs)
+        outcome_key = self._outcome_key(config, key)
+        self._replayed(outcome_key, surfaced)
         call_kwargs = _inner_kwargs(self._inner_async, kwargs, run_manager, config)
         inner_arun = self.inner._arun
 
         async def attempt(_key: Any) -> Any:
             try:
-                return await inner_arun(*args, **call_kwargs)
-            except GraphBubbleUp as exc:
-                return carry(exc)
+                return tool_message_record(await inner_arun(*args, **call_kwargs))
+            except Exception as exc:
+                if is_control_flow(exc):
+                    return carry(exc)
+                raise
 
         try:
-            return passthrough(await self.governor.acall(self.name, attempt, key))
-        except GovernedFatalError:
-            raise  # already the pass-through form (a fatal stop from further in)
+            value = passthrough(await self.governor.acall(self.name, attempt, key))
         except lg.AgentToolError as exc:
-            raise _for_langgraph(exc) from exc
+            self._raise_failure(exc, outcome_key, surfaced)
+        return tool_message_from_record(value, _TOOL_CALL_ID.get())
 
 
 def _inner_kwargs(
@@ -199,14 +320,6 @@ def _inner_kwargs(
     if config_name:
         call_kwargs[config_name] = config
     return call_kwargs
-
-
-def _for_langgraph(exc: lg.AgentToolError) -> Exception:
-    """What a governed failure becomes inside LangGraph: a fatal stop it lets through to
-    the caller, or a tool error its ToolNode turns into ``ToolMessage(status="error")``."""
-    if isinstance(exc, lg.FatalError):
-        return fatal_stop(exc)
-    return GovernedToolError(exc)
 
 
 def govern_tool(tool: BaseTool | Callable[..., Any], governor: lg.Governor | None = None) -> GovernedTool:

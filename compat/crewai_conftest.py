@@ -13,7 +13,12 @@ one (written for loop-governor, copied next to the sdist's ``tests/`` by
   port and path as crewAI records them;
 * every socket but AF_UNIX refused (pytest-socket, switched on in ``pytest_configure``;
   asyncio's loop needs a unix socketpair);
-* a fresh crewAI storage directory, event ids and an empty event bus per test.
+* a fresh crewAI storage directory, event ids and an empty event bus per test;
+* no pause between the openai client's retries. crewAI 1.15.30 asks OpenAI's
+  input-token-count endpoint before each call, which the older cassettes never
+  recorded: VCR refuses it, the client retries twice with backoff and crewAI falls back
+  to its own estimate, as it would in crewAI's CI. The retries still happen; only the
+  ~2 s of sleeping per model call goes (it made the suite ~7x slower).
 """
 
 from __future__ import annotations
@@ -45,6 +50,15 @@ os.environ.update(
 import pytest  # noqa: E402
 
 _TESTS = Path(__file__).parent / "tests"
+
+
+def _no_retry_pause() -> None:
+    from openai._base_client import BaseClient
+
+    BaseClient._calculate_retry_timeout = lambda self, *args, **kwargs: 0.0  # type: ignore[method-assign]
+
+
+_no_retry_pause()
 
 
 def pytest_configure(config: pytest.Config) -> None:

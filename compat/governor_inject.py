@@ -12,7 +12,8 @@ Modes:
   first (outermost) or last (innermost) middleware. Its tool hooks are on when the agent
   has client-side tools or another middleware handles tool calls, exactly as a user
   is told to configure it (``govern_tool_calls=False`` for a chat-only agent).
-* ``lc-tools``: every ``create_agent`` gets its tools wrapped with ``govern_tool``.
+* ``lc-tools``: every ``create_agent`` gets its tools wrapped with ``govern_tool``
+  (``raise_errors=True`` when another middleware handles tool calls, as the README says).
 * ``toolnode``: every LangGraph ``ToolNode`` gets its tools wrapped with ``govern_tool``.
 * ``crewai``: every crewAI agent's and task's tools are wrapped with
   ``crewai_governor.govern_tool`` when the agent or task is built.
@@ -108,7 +109,12 @@ def _governed_agent_args(
     middleware = list(kwargs.get("middleware") or ())
     gov = current_governor()
     if position == "tools":
-        governed = [t if isinstance(t, dict) else govern_tool(t, gov) for t in tools]
+        # as the README says: with middleware around the tools that may handle their
+        # errors, a governed tool raises its failures to it (raise_errors=True)
+        options = {"raise_errors": any(_handles_tool_calls(m) for m in middleware)}
+        if not _accepts(govern_tool, "raise_errors"):
+            options = {}
+        governed = [t if isinstance(t, dict) else govern_tool(t, gov, **options) for t in tools]
         if tools_positional:
             args_list[1] = governed
         else:

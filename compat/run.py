@@ -45,6 +45,7 @@ class Suite:
     modes: tuple[str, ...]
     extra_args: tuple[str, ...] = ()
     conftest: str | None = None  # our own root conftest copied next to tests/
+    ini: str | None = None  # our own pytest settings, for an sdist that ships none
 
 
 SUITES = (
@@ -78,6 +79,7 @@ SUITES = (
         ),
         ("crewai",),
         conftest="crewai_conftest.py",
+        ini="crewai_pytest.ini",
     ),
 )
 
@@ -142,6 +144,9 @@ class Outcome:
 def pytest_command(suite: Suite, mode: str, junit: Path) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", *suite.paths, "-p", "no:cacheprovider", "-q", "--tb=short"]
     cmd += ["--continue-on-collection-errors", "--timeout=300", f"--junitxml={junit}", "-o", "junit_family=xunit2"]
+    if suite.ini:
+        # without it pytest would settle on the nearest ini upwards: this project's
+        cmd += ["-c", str(HERE / suite.ini), f"--rootdir={sdist_dir(suite.dist)}"]
     if mode != "unchanged":
         cmd += ["-p", "governor_inject", f"--governor-inject={mode}"]
     return cmd + list(suite.extra_args)

@@ -72,10 +72,17 @@ def thread_id_of(config: Mapping[str, Any] | None) -> str | None:
     return None if value is None else str(value)
 
 
-# LangGraph sets this key in the config of every task it runs (a node execution). Its
-# constants module is internal, so the literal is used; a rename would only make governed
-# tools answer with error content instead of raising inside a graph.
+# LangGraph's config keys for the runtime (which every ToolNode requires, in a graph or
+# invoked on its own) and for the task (one node execution) a call runs in. Its constants
+# module is internal, so the literals are used; a rename would make governed tools answer
+# with error content instead of raising to the ToolNode, and never replay an outcome.
+_GRAPH_RUNTIME_KEY = "__pregel_runtime"
 _GRAPH_TASK_KEY = "__pregel_task_id"
+
+
+def in_tool_node(config: Mapping[str, Any] | None) -> bool:
+    """Whether a LangGraph ToolNode runs this call (it answers tool errors itself)."""
+    return bool(config) and _GRAPH_RUNTIME_KEY in ((config or {}).get("configurable") or {})
 
 
 def graph_task_id(config: Mapping[str, Any] | None) -> str | None:

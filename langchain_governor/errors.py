@@ -147,16 +147,19 @@ class GovernedToolError(ToolException):
 
 class _Answerable(GovernedToolError, ToolInvocationError):
     """The answerable form of a GovernedToolError whose tool exception has no class of
-    its own to combine with."""
+    its own to combine with (it shows as ``GovernedToolError``)."""
 
     __init__ = GovernedToolError.__init__
 
 
-def tool_error(error: lg.AgentToolError, *, answerable: bool) -> GovernedToolError:
+_Answerable.__name__ = _Answerable.__qualname__ = "GovernedToolError"
+
+
+def tool_error(error: lg.AgentToolError, *, answerable: bool, cause: BaseException | None = None) -> GovernedToolError:
     """``error`` as a :class:`GovernedToolError` (answerable by a ToolNode or not) that is
-    also an instance of the class of the tool's own exception (its ``__cause__``) where
-    the classes combine."""
-    cause = error.__cause__
+    also an instance of the class of the tool's own exception (``cause``, by default the
+    error's ``__cause__``) where the classes combine."""
+    cause = cause if cause is not None else error.__cause__
     base: type[BaseException] = _Answerable if answerable else GovernedToolError
     cls = base
     if isinstance(cause, Exception) and not isinstance(cause, lg.AgentToolError | ToolException | GraphBubbleUp):
@@ -177,4 +180,4 @@ def answerable(exc: GovernedToolError) -> GovernedToolError:
     """The form of ``exc`` a ToolNode answers the model with (``exc`` if it is one)."""
     if exc.answerable:
         return exc
-    return tool_error(exc.error, answerable=True)
+    return tool_error(exc.error, answerable=True, cause=exc.__cause__)

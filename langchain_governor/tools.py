@@ -14,18 +14,24 @@ runtime arguments and opened the tool's callback run. Invoking the inner tool ag
 would do all of it twice (about 2x the cost of a plain call, and two tool runs in every
 trace); calling its ``_run`` keeps the wrapper within a few percent of the plain tool.
 
-How a non-fatal governed failure comes out depends on who called. Inside a LangGraph run
-(a ``ToolNode``, with or without ``create_agent`` middleware around it) it is raised as a
-:class:`~langchain_governor.errors.GovernedToolError`: the ``ToolNode`` answers the model
-with the governor's JSON, and a ``ToolErrorMiddleware``, ``ToolRetryMiddleware`` or a
-user's retry wrapper around the call still sees an exception. Called directly (``invoke``
-outside a graph, a legacy ``AgentExecutor``) it comes back as content: an error
-``ToolMessage`` for a tool call, the JSON text otherwise.
+How a non-fatal governed failure comes out depends on who called. Run by a LangGraph
+``ToolNode`` (``create_agent``, ``create_react_agent``, a graph of your own) it is raised as a
+:class:`~langchain_governor.errors.GovernedToolError`, which the ToolNode's error handling
+answers (by default with the governor's JSON). Called directly (``invoke`` outside a
+ToolNode, a legacy ``AgentExecutor``) it comes back as content: an error ``ToolMessage``
+for a tool call, the JSON text otherwise.
+
+A tool cannot see whether a middleware around it handles exceptions, so a governed tool
+on its own answers at the ToolNode; under ``GovernorMiddleware`` (or with
+``raise_errors=True``) the failure is raised to the middlewares between, and the
+middleware turns it into the answerable form on its way out.
 
 One retrier per call: when something around a governed call runs it again for the same
-tool call in the same LangGraph task (a retry wrapper re-calling the handler after the
-governor gave up), the governed outcome is replayed instead of calling the tool again,
-so retries never multiply.
+tool call in the same LangGraph task after the governor retried a transient failure to
+the end (a retry wrapper re-calling the handler), the governed outcome is replayed
+instead of calling the tool again, so retries never multiply. A permanent failure was
+tried once; an outer retrier may try it again (inside a task the governor's known-bad
+memory answers it without a call).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from langchain_governor._common import (
     carry,
     config_param,
     graph_task_id,
+    in_tool_node,
     is_control_flow,
     key_args,
     passthrough,
@@ -88,8 +95,8 @@ SURFACING: contextvars.ContextVar[bool] = contextvars.ContextVar("lg_surfacing_t
 
 @contextlib.contextmanager
 def _inner_scope() -> Iterator[bool]:
-    """Whether a GovernorMiddleware surfaces this call's failures; off for whatever the
-    tool itself runs (a nested agent's tools answer at their own ToolNode)."""
+    """Whether a GovernorMiddleware around this call surfaces its failures; switched off
+    for whatever the tool itself runs (a nested agent's tools answer at their own ToolNode)."""
     token = SURFACING.set(False)
     try:
         yield token.old_value is True
@@ -98,7 +105,7 @@ def _inner_scope() -> Iterator[bool]:
 
 
 class _Outcomes:
-    """Governed failures of recent tool calls, by (LangGraph task, tool call id, call key).
+    """Governed failures of recent tool calls, by (LangGraph task, tool call id).
 
     Bounded: an entry only matters while the task that made it may still re-run the
     same call (a retry wrapper around it), which is moments later.
@@ -107,15 +114,21 @@ class _Outcomes:
     def __init__(self, size: int = 256) -> None:
         self._size = size
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str, str], lg.AgentToolError] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], lg.AgentToolError] = OrderedDict()
 
-    def get(self, key: tuple[str, str, str] | None) -> lg.AgentToolError | None:
+    def get(self, key: tuple[str, str] | None) -> lg.AgentToolError | None:
         if key is None:
             return None
         with self._lock:
             return self._items.get(key)
 
-    def put(self, key: tuple[str, str, str] | None, error: lg.AgentToolError) -> None:
+    def replay(self, key: tuple[str, str] | None) -> lg.AgentToolError | None:
+        """The outcome to give this call again: a transient failure the governor already
+        retried to the end (a permanent one was tried once; see the module doc)."""
+        error = self.get(key)
+        return error if error is not None and error.info.error_type is lg.ErrorType.TRANSIENT else None
+
+    def put(self, key: tuple[str, str] | None, error: lg.AgentToolError) -> None:
         if key is None:
             return
         with self._lock:
@@ -141,12 +154,17 @@ class GovernedTool(BaseTool):
 
     inner: BaseTool = Field(exclude=True)
     governor: lg.Governor = Field(exclude=True)
+    raise_errors: bool = Field(default=False, exclude=True)
+    """Raise non-fatal governed failures to the middlewares around the call (a
+    ``ToolErrorMiddleware`` or ``ToolRetryMiddleware`` sees them) instead of answering the
+    model at the ToolNode; one that nothing handles then ends the run, as the tool's own
+    exception would. ``GovernorMiddleware`` does this for every call it wraps."""
     _outcomes: _Outcomes = PrivateAttr(default_factory=_Outcomes)
 
     @classmethod
-    def wrap(cls, inner: BaseTool, governor: lg.Governor) -> GovernedTool:
+    def wrap(cls, inner: BaseTool, governor: lg.Governor, *, raise_errors: bool = False) -> GovernedTool:
         fields = {name: getattr(inner, name) for name in _COPIED_FIELDS}
-        return cls(inner=inner, governor=governor, **fields)
+        return cls(inner=inner, governor=governor, raise_errors=raise_errors, **fields)
 
     # -- what LangChain introspects -------------------------------------------------
 
@@ -180,7 +198,9 @@ class GovernedTool(BaseTool):
             return frozenset(schema.get("properties", {}))
         # pydantic v2 schema, else a v1 one
         fields = getattr(schema, "model_fields", None) or getattr(schema, "__fields__", {})
-        return frozenset(fields)
+        # an injected argument (ToolRuntime, state, ...) can still be a schema field
+        # hidden from the JSON schema only: it is the runtime's, not the call's identity
+        return frozenset(fields) - self._injected_args_keys
 
     def _call_key_value(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """The model-visible arguments only: runtime, state and callbacks are not identity."""
@@ -210,8 +230,8 @@ class GovernedTool(BaseTool):
             _TOOL_CALL_ID.reset(token)
 
     def _outside_graph(self, exc: GovernedToolError, config: Any, tool_call_id: str | None) -> Any:
-        """Re-raise inside a LangGraph run; elsewhere the JSON is the tool's answer."""
-        if graph_task_id(config) is not None:
+        """Re-raise to a LangGraph ToolNode; elsewhere the JSON is the tool's answer."""
+        if in_tool_node(config):
             raise exc
         if tool_call_id is None:
             return exc.message
@@ -219,27 +239,32 @@ class GovernedTool(BaseTool):
 
     # -- execution --------------------------------------------------------------------
 
-    def _outcome_key(self, config: RunnableConfig, key: Any) -> tuple[str, str, str] | None:
+    @staticmethod
+    def _outcome_key(config: RunnableConfig) -> tuple[str, str] | None:
         task, call_id = graph_task_id(config), _TOOL_CALL_ID.get()
         if task is None or call_id is None:
             return None
-        return (task, call_id, lg.call_key(self.name, (key,), {}))
+        return (task, call_id)
 
-    def _replayed(self, outcome_key: tuple[str, str, str] | None, surfaced: bool) -> None:
-        error = self._outcomes.get(outcome_key)
+    def _replayed(self, outcome_key: tuple[str, str] | None, surfaced: bool) -> None:
+        error = self._outcomes.replay(outcome_key)
         if error is not None:
             self.governor.emit_tool_error(self.name, error.info, call_key=None, replayed=True)
             raise tool_error(error, answerable=not surfaced) from error.__cause__
 
-    def _raise_failure(
-        self, exc: lg.AgentToolError, outcome_key: tuple[str, str, str] | None, surfaced: bool
-    ) -> NoReturn:
+    def _raise_failure(self, exc: lg.AgentToolError, outcome_key: tuple[str, str] | None, surfaced: bool) -> NoReturn:
         if isinstance(exc, GovernedFatalError):
             raise exc  # already the pass-through form (a fatal stop from further in)
         if isinstance(exc, lg.FatalError):
             raise fatal_stop(exc) from exc
-        self._outcomes.put(outcome_key, exc)
-        raise tool_error(exc, answerable=not surfaced) from exc.__cause__
+        cause = exc.__cause__
+        if cause is None and (earlier := self._outcomes.get(outcome_key)) is not None:
+            # the known-bad memory answered this call again: it is still the same tool
+            # exception to the middlewares around it (a retry wrapper keyed on its class)
+            cause = earlier.__cause__
+        else:
+            self._outcomes.put(outcome_key, exc)
+        raise tool_error(exc, answerable=not surfaced, cause=cause) from cause
 
     def _run(
         self,
@@ -249,13 +274,13 @@ class GovernedTool(BaseTool):
         **kwargs: Any,
     ) -> Any:
         with _inner_scope() as surfaced:
-            return self._governed_run(args, kwargs, config, run_manager, surfaced)
+            return self._governed_run(args, kwargs, config, run_manager, surfaced or self.raise_errors)
 
     def _governed_run(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], config: RunnableConfig, run_manager: Any, surfaced: bool
     ) -> Any:
         key = self._call_key_value(args, kwargs)
-        outcome_key = self._outcome_key(config, key)
+        outcome_key = self._outcome_key(config)
         self._replayed(outcome_key, surfaced)
         call_kwargs = _inner_kwargs(self._inner_sync, kwargs, run_manager, config)
         inner_run = self.inner._run
@@ -282,13 +307,13 @@ class GovernedTool(BaseTool):
         **kwargs: Any,
     ) -> Any:
         with _inner_scope() as surfaced:
-            return await self._agoverned_run(args, kwargs, config, run_manager, surfaced)
+            return await self._agoverned_run(args, kwargs, config, run_manager, surfaced or self.raise_errors)
 
     async def _agoverned_run(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], config: RunnableConfig, run_manager: Any, surfaced: bool
     ) -> Any:
         key = self._call_key_value(args, kwargs)
-        outcome_key = self._outcome_key(config, key)
+        outcome_key = self._outcome_key(config)
         self._replayed(outcome_key, surfaced)
         call_kwargs = _inner_kwargs(self._inner_async, kwargs, run_manager, config)
         inner_arun = self.inner._arun
@@ -322,22 +347,26 @@ def _inner_kwargs(
     return call_kwargs
 
 
-def govern_tool(tool: BaseTool | Callable[..., Any], governor: lg.Governor | None = None) -> GovernedTool:
+def govern_tool(
+    tool: BaseTool | Callable[..., Any], governor: lg.Governor | None = None, *, raise_errors: bool = False
+) -> GovernedTool:
     """Wrap one tool (a ``BaseTool`` or a plain function with a docstring).
 
-    Wrapping a :class:`GovernedTool` again re-wraps its inner tool, so a tool is never
-    governed twice.
+    ``raise_errors=True``: see :attr:`GovernedTool.raise_errors`. Wrapping a
+    :class:`GovernedTool` again re-wraps its inner tool, so a tool is never governed twice.
     """
     gov = resolve_governor(governor)
     if isinstance(tool, GovernedTool):
-        return tool if tool.governor is gov else GovernedTool.wrap(tool.inner, gov)
+        if tool.governor is gov and tool.raise_errors == raise_errors:
+            return tool
+        return GovernedTool.wrap(tool.inner, gov, raise_errors=raise_errors)
     base = tool if isinstance(tool, BaseTool) else as_tool(tool)
-    return GovernedTool.wrap(base, gov)
+    return GovernedTool.wrap(base, gov, raise_errors=raise_errors)
 
 
 def govern_tools(
-    tools: Iterable[BaseTool | Callable[..., Any]], governor: lg.Governor | None = None
+    tools: Iterable[BaseTool | Callable[..., Any]], governor: lg.Governor | None = None, *, raise_errors: bool = False
 ) -> list[GovernedTool]:
     """Wrap every tool with the same governor (shared breakers, budgets and task state)."""
     gov = resolve_governor(governor)
-    return [govern_tool(t, gov) for t in tools]
+    return [govern_tool(t, gov, raise_errors=raise_errors) for t in tools]

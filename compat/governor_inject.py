@@ -174,11 +174,17 @@ def _patch_crewai() -> None:
 
     from crewai_governor import govern_tool
 
+    def users_tool(tool: Any) -> bool:
+        # crewAI's own tools (delegation, ask-a-coworker, memory, ...) are added by crewAI,
+        # not by a user who wraps their tools; @tool functions are crewAI Tool objects
+        module = type(tool).__module__
+        return isinstance(tool, BaseTool) and (not module.startswith("crewai.") or module == "crewai.tools.base_tool")
+
     def governed(tools: Any) -> Any:
         if not tools:
             return tools
         gov = current_governor()
-        return [govern_tool(t, gov) if isinstance(t, BaseTool) else t for t in tools]
+        return [govern_tool(t, gov) if users_tool(t) else t for t in tools]
 
     def wrap_init(cls: type[Any]) -> None:
         original_init = cls.__init__

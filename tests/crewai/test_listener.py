@@ -76,7 +76,7 @@ def test_governed_failures_reach_the_governor_once(
     assert len(tool_calls) == 1 and tool_calls[0]["error_type"] == "permanent"
     failures = [e for e in events if e["event"] == "tool_failure"]
     assert len(failures) == 1
-    assert failures[0]["governed"] is True and failures[0]["reason"] == "tool_reported"
+    assert failures[0]["governed"] is True and failures[0]["reason"] == "exception"
     assert json.loads(failures[0]["message"])["error"]["type"] == "permanent"
 
 

@@ -148,7 +148,7 @@ def _relay_fatal(context: Any) -> str | None:
     raw = getattr(context, "raw_tool_result", None)
     if isinstance(raw, GovernedToolFailure) and raw.fatal is not None:
         raise stop_error(raw.fatal)
-    text = getattr(_raised, "text", None)
+    text: str | None = getattr(_raised, "text", None)
     if text is None:
         return None
     _raised.text = None

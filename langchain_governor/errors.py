@@ -145,7 +145,7 @@ class GovernedToolError(ToolException):
         return (GovernedToolError, (self.error,))
 
 
-class _Answerable(GovernedToolError, ToolInvocationError):
+class _Answerable(GovernedToolError, ToolInvocationError):  # type: ignore[misc]  # attrs set as ToolInvocationError's
     """The answerable form of a GovernedToolError whose tool exception has no class of
     its own to combine with (it shows as ``GovernedToolError``)."""
 
@@ -166,7 +166,7 @@ def tool_error(error: lg.AgentToolError, *, answerable: bool, cause: BaseExcepti
         own = type(cause)
         cls = _mixed(base, own, __init__=GovernedToolError.__init__, _own_name=own.__name__) or base
     try:
-        raised: Any = Exception.__new__(cls)  # type: ignore[arg-type]
+        raised: Any = Exception.__new__(cls)
         if cls is not base and cause is not None:
             raised.__dict__.update(getattr(cause, "__dict__", {}))  # e.g. .status_code, .response
     except Exception:  # an exotic __new__ or __dict__: the plain class still carries everything

@@ -59,6 +59,19 @@ def thread(name: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": name}}
 
 
+def approval_agent(lc: Any, governor: lg.Governor, backend: Any) -> Any:
+    """The governor first, a human approving each fetch (per-call interrupts) inside it."""
+    return create_agent(
+        one_fetch(lc),
+        [fetch_tool(backend)],
+        middleware=[
+            GovernorMiddleware(governor),
+            HumanInTheLoopMiddleware({"fetch_page": True}, interrupt_mode="per_call"),
+        ],
+        checkpointer=InMemorySaver(),
+    )
+
+
 class Approval(BaseModel):
     approved: bool
 
@@ -95,15 +108,7 @@ def test_hitl_inside_the_governor_rejects_a_bad_answer_without_using_up_the_inte
     lc: Any, governor: lg.Governor
 ) -> None:
     backend = lc.Backend()
-    agent = create_agent(
-        one_fetch(lc),
-        [fetch_tool(backend)],
-        middleware=[
-            GovernorMiddleware(governor),
-            HumanInTheLoopMiddleware({"fetch_page": True}, interrupt_mode="per_call"),
-        ],
-        checkpointer=InMemorySaver(),
-    )
+    agent = approval_agent(lc, governor, backend)
     config = thread("hitl")
     [pending] = agent.invoke({"messages": [("user", "go")]}, config)["__interrupt__"]
 
@@ -197,15 +202,7 @@ def test_a_checkpointed_tool_message_is_restored_with_every_field(lc: Any, tmp_p
 
 def test_a_transient_failure_after_approval_does_not_ask_the_human_again(lc: Any, governor: lg.Governor) -> None:
     backend = lc.Backend([503])
-    agent = create_agent(
-        one_fetch(lc),
-        [fetch_tool(backend)],
-        middleware=[
-            GovernorMiddleware(governor),
-            HumanInTheLoopMiddleware({"fetch_page": True}, interrupt_mode="per_call"),
-        ],
-        checkpointer=InMemorySaver(),
-    )
+    agent = approval_agent(lc, governor, backend)
     config = thread("approve-once")
     [pending] = agent.invoke({"messages": [("user", "go")]}, config)["__interrupt__"]
 

@@ -215,7 +215,7 @@ class GovernedTool(BaseTool):
         try:
             return super().run(tool_input, *args, **kwargs)
         except GovernedToolError as exc:
-            return self._outside_graph(exc, kwargs.get("config"), tool_call_id)
+            return self._answer_or_raise(exc, kwargs.get("config"), tool_call_id)
         finally:
             _TOOL_CALL_ID.reset(token)
 
@@ -225,11 +225,11 @@ class GovernedTool(BaseTool):
         try:
             return await super().arun(tool_input, *args, **kwargs)
         except GovernedToolError as exc:
-            return self._outside_graph(exc, kwargs.get("config"), tool_call_id)
+            return self._answer_or_raise(exc, kwargs.get("config"), tool_call_id)
         finally:
             _TOOL_CALL_ID.reset(token)
 
-    def _outside_graph(self, exc: GovernedToolError, config: Any, tool_call_id: str | None) -> Any:
+    def _answer_or_raise(self, exc: GovernedToolError, config: Any, tool_call_id: str | None) -> Any:
         """Re-raise to a LangGraph ToolNode; elsewhere the JSON is the tool's answer."""
         if in_tool_node(config):
             raise exc

@@ -60,17 +60,14 @@ def _is_error_result(message: Mapping[str, Any]) -> bool:
     return head.startswith('{"error"') or head.lower().startswith("error")
 
 
-def _prefix_tokens(messages: Sequence[Any], prefix: int, input_tokens: int | None) -> int | None:
-    """Tokens of the first ``prefix`` messages: the provider's count for the whole prompt
-    split by our estimate of each message (the estimate alone without a count)."""
+def _prefix_tokens(messages: Sequence[Any], prefix: int, prev_input_tokens: int | None) -> int | None:
+    """Tokens of a prompt's first ``prefix`` messages when they are the whole previous
+    prompt: the provider's count for that prompt, else an estimate of the messages."""
+    if prev_input_tokens is not None:
+        return prev_input_tokens
     if not messages:
-        return input_tokens
-    estimates = [approx_tokens(m) for m in messages]
-    shared = sum(estimates[:prefix])
-    total = sum(estimates)
-    if input_tokens is None or total == 0:
-        return shared
-    return round(input_tokens * shared / total)
+        return None
+    return sum(approx_tokens(m) for m in messages[:prefix])
 
 
 def context_health(messages: Sequence[Any]) -> tuple[float, int]:
@@ -99,7 +96,8 @@ def context_health(messages: Sequence[Any]) -> tuple[float, int]:
 class _TaskState:
     turn: int = 0
     prev_hashes: list[str] = field(default_factory=list)
-    prev_input_tokens: int | None = None
+    prev_input_tokens: int | None = None  # the last call that reported a count
+    prev_prompt_tokens: int | None = None  # the previous call's count, if it reported one
     error_counts: dict[str, int] = field(default_factory=dict)
     flagged: set[str] = field(default_factory=set)
 
@@ -166,7 +164,7 @@ class Detectors:
             prefix_kept += 1
         input_tokens = _int(event.get("input_tokens"))
         cache_read = _int(event.get("cache_read_tokens"))
-        prefix_tokens = _prefix_tokens(messages, prefix_kept, input_tokens)
+        prefix_tokens = _prefix_tokens(messages, prefix_kept, state.prev_prompt_tokens)
         if (
             turn > 1
             and prev
@@ -223,4 +221,5 @@ class Detectors:
             state.flagged.discard(LOW_CONTEXT_HEALTH)  # re-arm once the context recovers
 
         state.prev_hashes = hashes
+        state.prev_prompt_tokens = input_tokens
         return turn, (round(health, 4) if results else None), prefix_kept, out

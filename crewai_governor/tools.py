@@ -203,6 +203,8 @@ class GovernedTool(BaseTool):
         return await asyncio.to_thread(self._call_inner, *args, **kwargs)
 
     def _failure(self, exc: lg.AgentToolError) -> ToolFailure:
+        """A fatal failure is returned for the relay hook to stop the run; any other is
+        raised, crewAI's signal for a failed call (see :mod:`crewai_governor.failures`)."""
         ensure_fatal_relay()
         if isinstance(exc, lg.FatalError):
             return failure_from_error(exc)  # returned: crewAI would swallow it raised

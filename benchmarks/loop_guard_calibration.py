@@ -22,7 +22,10 @@ trajectory-fuse ``AgentFuse`` (its default ``FuseConfig``) in the same loop. A g
 4. microseconds per call (median), ``g.call`` in a task against ``AgentFuse.observe``, on
    the same recorded steps in the same process.
 
-Deterministic for a given ``--seed`` (except the timings).
+Deterministic for a given ``--seed`` (except the timings). The governor's configuration is
+``GovernorConfig()``: environment variables try another setting, e.g.
+``LOOP_GOVERNOR_ESCALATION_REPEATS=3`` or, with ``--model-calls``, ``LOOP_GOVERNOR_MAX_STEPS=30``
+(the report's JSON records the configuration it ran with).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class Cycles(Policy):
 
     def after_success(self, call: Call, result: Any) -> Any:
         fp = call.fingerprint(result)
-        if fp is None:
+        if fp is None or call.same_decision:
             return result
         verdict = self._verdict(call, fp)
         if verdict is OK:
@@ -120,7 +120,7 @@ class Cycles(Policy):
         return annotate(result, NOTE.format(cycle=_cycle(verdict.count), ends=_ends(verdict)))
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
-        if isinstance(error, FatalError):
+        if isinstance(error, FatalError) or call.same_decision:
             return error
         verdict = self._verdict(call, Fingerprint(f"\x00error\x00{error.info.signature}"))
         if verdict is OK:

@@ -83,11 +83,18 @@ class Escalation(Policy):
             return error
         key, repeat = subject
         told, limit = scope.told, call.policy.escalation_repeats
+        invocation = call.invocation
         seen = told.get(key)
         if seen is None and not repeat:
-            told[key] = 0  # told now: the text says what a repeat will do
+            told[key] = (0, invocation)  # told now: the text says what a repeat will do
             return self._warn(call, error, key, limit)
-        count = told[key] = (seen or 0) + 1
+        count, last = seen or (0, None)
+        if invocation is not None and invocation == last:
+            # the same tool call again (a retrying middleware around the governor), not
+            # the model asking again: nothing to count
+            return self._warn(call, error, key, limit - count)
+        count += 1
+        told[key] = (count, invocation)
         if count >= limit:
             return self._stop(call, error, key, count)
         return self._warn(call, error, key, limit - count)

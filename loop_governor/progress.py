@@ -188,6 +188,8 @@ class NoProgress(Policy):
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
         assert scope is not None
+        if call.same_decision:
+            return result  # a retrying middleware re-ran the same tool call
         tool = call.name
         verdict = scope.progress.observe(
             tool,

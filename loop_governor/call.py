@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from loop_governor.fingerprint import Fingerprint, args_signature, result_text
+from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, result_text
 from loop_governor.keys import call_key
 from loop_governor.scope_vars import _CALL_META
 
@@ -89,6 +89,7 @@ class Call:
     next_fallback = 0
     warned = False  # a guard already told the model about this call (one note per result)
     _same_decision: bool | None = None
+    _args_shape: int | None = None
     _fingerprint: Fingerprint | None = None
     _args_sig: tuple[int, int] | None = None
 
@@ -143,6 +144,22 @@ class Call:
     @property
     def key_if_known(self) -> str | None:
         return self._key
+
+    @property
+    def args_shape(self) -> int:
+        """The arguments with every digit dropped: "the same call but for a number" (the
+        next flight, another line range) shares it."""
+        if self._args_shape is None:
+            self._args_shape = args_shape(self.args, self.kwargs)
+        return self._args_shape
+
+    @property
+    def args_text(self) -> str:
+        """The arguments as text (for :func:`~loop_governor.fingerprint.walks`)."""
+        try:
+            return repr((self.args, dict(self.kwargs)))[:8192]
+        except Exception:
+            return ""
 
     @property
     def same_decision(self) -> bool:

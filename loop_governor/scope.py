@@ -30,6 +30,7 @@ class TaskScope:
 
     __slots__ = (
         "_token",
+        "bad_calls",
         "calls_by_tool",
         "checkpoint",
         "checkpoint_lock",
@@ -75,6 +76,7 @@ class TaskScope:
         # tool call id counted)
         self.told: dict[tuple[str, str], tuple[int, Any]] = {}
         self.last_invocation: Any = None  # the tool call id of the task's last governed tool call
+        self.bad_calls: Any = None  # known_bad.BadCalls, made at the task's first permanent failure
         self._token: Token[TaskScope | None] | None = None
 
     # Both context-manager protocols: ``with g.task(...)`` and ``async with g.task(...)``.

@@ -45,6 +45,17 @@ _EVERY_MODE = {
     ),
 }
 
+# GovernorMiddleware last (innermost), ModelRetryMiddleware around it: the model's
+# "Temporary failure" is transient, so the governor retries it itself (the compat
+# governor does not sleep) and the call succeeds before ModelRetryMiddleware has anything
+# to retry; these tests time ModelRetry's own sleeps. (Governor first, the tests pass.)
+_MODEL_RETRY = f"{_LC}.middleware.implementations.test_model_retry"
+_GOVERNOR_INSIDE = {
+    f"{_MODEL_RETRY}::test_model_retry_backoff_timing": "governor retried first",
+    f"{_MODEL_RETRY}::test_model_retry_async_backoff_timing": "governor retried first",
+    f"{_MODEL_RETRY}::test_model_retry_constant_backoff": "governor retried first",
+}
+
 # LangGraph's ToolNode suite with every tool wrapped by govern_tool:
 _TOOL_NODE = {
     # A governed failure's text is the governor's JSON, not the plain exception's
@@ -80,5 +91,5 @@ ALLOWED: dict[tuple[str, str], dict[str, str]] = {
     ("langgraph-toolnode", "toolnode"): _TOOL_NODE,
     ("langchain-agents", "*"): _EVERY_MODE,
     ("langchain-agents", "lc-first"): _MIDDLEWARE,
-    ("langchain-agents", "lc-last"): _MIDDLEWARE,
+    ("langchain-agents", "lc-last"): {**_MIDDLEWARE, **_GOVERNOR_INSIDE},
 }

@@ -25,18 +25,22 @@ __all__ = ["PromptCapture", "capture_prompt"]
 
 
 class PromptCapture(BaseCallbackHandler):
-    """Keeps the messages of the last chat-model run that finished."""
+    """Keeps the messages of the last chat-model run that finished (when ``record``), and
+    the exceptions chat-model runs failed with: what tells the model's own failure (the
+    governor's to handle) from another middleware's or a parser's (passed through)."""
 
     run_inline = True  # in the caller's thread and order, also under ainvoke
 
-    def __init__(self) -> None:
+    def __init__(self, record: bool = True) -> None:
+        self._record = record
         self._started: dict[UUID, list[BaseMessage]] = {}
         self.sent: list[BaseMessage] | None = None
+        self.errors: list[BaseException] = []
 
     def on_chat_model_start(
         self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID, **kwargs: Any
     ) -> None:
-        if messages:
+        if messages and self._record:
             self._started[run_id] = list(messages[0])
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
@@ -46,6 +50,18 @@ class PromptCapture(BaseCallbackHandler):
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._started.pop(run_id, None)
+        self.errors.append(error)
+
+    def raised_by_model(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is (or wraps) an exception a chat-model run failed with."""
+        seen: set[int] = set()
+        link: BaseException | None = exc
+        while link is not None and id(link) not in seen:
+            if any(link is error for error in self.errors):
+                return True
+            seen.add(id(link))
+            link = link.__cause__ or link.__context__
+        return False
 
 
 _CAPTURE: contextvars.ContextVar[PromptCapture | None] = contextvars.ContextVar("lg_prompt_capture", default=None)
@@ -53,12 +69,10 @@ register_configure_hook(_CAPTURE, inheritable=True)
 
 
 @contextlib.contextmanager
-def capture_prompt(enabled: bool = True) -> Iterator[PromptCapture | None]:
-    """Capture the prompts of the chat-model calls made inside the block."""
-    if not enabled:
-        yield None
-        return
-    capture = PromptCapture()
+def capture_prompt(record: bool = True) -> Iterator[PromptCapture]:
+    """Watch the chat-model calls made inside the block: their failures, and (``record``)
+    their prompts."""
+    capture = PromptCapture(record)
     token = _CAPTURE.set(capture)
     try:
         yield capture

@@ -29,7 +29,7 @@ from langgraph.prebuilt.tool_node import ToolInvocationError
 
 import loop_governor as lg
 
-__all__ = ["GovernedFatalError", "GovernedToolError", "fatal_stop", "tool_error"]
+__all__ = ["GovernedFatalError", "GovernedToolError", "fatal_stop", "model_error", "tool_error"]
 
 
 class GovernedFatalError(lg.FatalError, GraphBubbleUp):
@@ -181,3 +181,32 @@ def answerable(exc: GovernedToolError) -> GovernedToolError:
     if exc.answerable:
         return exc
     return tool_error(exc.error, answerable=True, cause=exc.__cause__)
+
+
+def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
+    """A governed model call's failure as it leaves ``create_agent``: the governor's typed
+    error (``.info``; a fatal one as a :class:`GovernedFatalError`, so LangGraph lets it
+    through to the caller) that is also an instance of the model's own exception class
+    where Python can combine the two -- ``except lg.FatalError`` and
+    ``except openai.AuthenticationError`` both catch a revoked key, and a middleware or a
+    caller matching the model's exceptions keeps matching. Its text is the model
+    exception's; ``.info`` holds the governor's (redacted) classification."""
+    cause = error.__cause__
+    governed: lg.AgentToolError = fatal_stop(error) if isinstance(error, lg.FatalError) else error
+    if not isinstance(cause, Exception) or isinstance(cause, lg.AgentToolError | GraphBubbleUp):
+        return governed
+    own = type(cause)
+    cls = _mixed(type(governed), own, _own_name=own.__name__)
+    if cls is None:
+        return governed
+    try:
+        # the class's own __new__ (an OSError subclass has one), without its __init__
+        raised: Any = cls.__new__(cls, *cause.args)
+        raised.__dict__.update(getattr(cause, "__dict__", {}))  # e.g. .status_code, .response, .body
+        raised.__dict__.update(governed.__dict__)  # .info, .partial_results
+        raised.args = cause.args
+    except Exception:  # an exotic __new__ or __dict__: the governor's class still carries everything
+        return governed
+    raised.__cause__ = cause
+    result: lg.AgentToolError = raised
+    return result

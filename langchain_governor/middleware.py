@@ -62,9 +62,10 @@ from langchain_governor._common import (
 )
 from langchain_governor._pruning import MessagePruner, PrunerPool
 from langchain_governor._scopes import LiveTasks
-from langchain_governor.errors import GovernedToolError, answerable
+from langchain_governor.errors import GovernedToolError, answerable, model_error
 from langchain_governor.models import ModelCopies, describe, prompt_tokens, usage_of_response
 from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
+from loop_governor.call import PassThrough
 from loop_governor.context.compact import emergency_compact
 
 
@@ -102,9 +103,42 @@ def _response_messages(result: Any) -> list[BaseMessage]:
     return []
 
 
-def _sent_to(model: Any, handler: Callable[[ModelRequest[Any]], Any]) -> Callable[[ModelRequest[Any]], Any]:
+def _sent_to(
+    model: Any, handler: Callable[[ModelRequest[Any]], Any], capture: PromptCapture
+) -> Callable[[ModelRequest[Any]], Any]:
     """A fallback: the same request, sent to ``model`` through the same handler."""
-    return lambda request: handler(request.override(model=model))
+    attempt = _model_only(handler, capture)
+    return lambda request: attempt(request.override(model=model))
+
+
+def _model_only(handler: Callable[[ModelRequest[Any]], Any], capture: PromptCapture) -> Callable[..., Any]:
+    """One governed attempt: the handler, whose failures are the governor's only when the
+    chat model itself raised them. Anything else -- a middleware inside this one, the
+    structured-output parser after the model answered -- passes through as it is."""
+
+    def attempt(request: ModelRequest[Any]) -> Any:
+        try:
+            return handler(request)
+        except Exception as exc:
+            if capture.raised_by_model(exc):
+                raise
+            raise PassThrough(exc) from None
+
+    return attempt
+
+
+def _amodel_only(
+    handler: Callable[[ModelRequest[Any]], Awaitable[Any]], capture: PromptCapture
+) -> Callable[..., Awaitable[Any]]:
+    async def attempt(request: ModelRequest[Any]) -> Any:
+        try:
+            return await handler(request)
+        except Exception as exc:
+            if capture.raised_by_model(exc):
+                raise
+            raise PassThrough(exc) from None
+
+    return attempt
 
 
 class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
@@ -252,7 +286,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         return request if governed is request.model else request.override(model=governed)
 
     def _model_call(
-        self, request: ModelRequest[Any], handler: Callable[..., Any], capture: PromptCapture | None
+        self, request: ModelRequest[Any], handler: Callable[..., Any], capture: PromptCapture
     ) -> tuple[str, dict[str, Any]]:
         """The endpoint and the keyword options of ``governor.call_model`` for ``request``."""
         messages, system = request.messages, request.system_message
@@ -261,7 +295,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             "usage": usage_of_response,
             "estimated_tokens": lambda: prompt_tokens(messages, system),
             "compact": self._compact if self._pruners.enabled else None,
-            "fallbacks": [(self._copies(m)[1], _sent_to(m, handler)) for m in self._fallbacks],
+            "fallbacks": [(self._copies(m)[1], _sent_to(m, handler, capture)) for m in self._fallbacks],
         }
         if self.governor.emitting:
             options["describe"] = describe(request.model, messages, system, self.record_messages, capture)
@@ -282,7 +316,11 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             request = self._prepare(request)
             with capture_prompt(self.record_messages and self.governor.emitting) as capture:
                 endpoint, options = self._model_call(request, handler, capture)
-                return self.governor.call_model(endpoint, handler, request, **options)
+                try:
+                    return self.governor.call_model(endpoint, _model_only(handler, capture), request, **options)
+                except lg.AgentToolError as exc:
+                    failure = exc
+            raise model_error(failure)  # outside the except block: the chain is the governor's
 
     async def awrap_model_call(
         self,
@@ -293,7 +331,12 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             request = self._prepare(request)
             with capture_prompt(self.record_messages and self.governor.emitting) as capture:
                 endpoint, options = self._model_call(request, handler, capture)
-                return await self.governor.acall_model(endpoint, handler, request, **options)
+                try:
+                    return await self.governor.acall_model(endpoint, _amodel_only(handler, capture), request, **options)
+                except lg.AgentToolError as exc:
+                    failure = exc
+            raise model_error(failure)
+
 
 @contextlib.contextmanager
 def _surfacing() -> Iterator[None]:

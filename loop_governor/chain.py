@@ -4,7 +4,7 @@
 
     call policies .before           (resume, known-bad replay, budgets)
       for each endpoint (a model's fallbacks after it):
-        attempt policies .before_attempt   (breaker, retry budget, rate limits: may wait)
+        attempt policies .before_attempt   (rate limits: may wait; breaker, retry budget)
         the attempt                        (the first outside tenacity, retries inside it)
         attempt policies .after_attempt_*  (breaker records; vetoes end the retries)
     call policies .after_success / .after_failure   (events, checkpoint, known-bad,

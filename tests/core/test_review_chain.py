@@ -1,0 +1,58 @@
+"""The governed call as a chain of policies: what an adversarial review found broken once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from lg_testing import Backend, HTTPError, VirtualClock
+
+import loop_governor as lg
+from loop_governor.breaker import BreakerState
+
+
+def _rated_breaker_governor(clock: VirtualClock) -> lg.Governor:
+    """One tool with a breaker that opens on one failure and a rate limit of one call per
+    10 s; a wait longer than 0.5 s is a refusal."""
+    config = lg.GovernorConfig(
+        breaker_failure_threshold=1,
+        breaker_cooldown_s=9,
+        retry_base_delay=0.1,
+        retry_max_delay=0.5,
+        tools={"svc": lg.ToolPolicy(rate_limit_per_s=0.1, rate_burst=1)},
+    )
+    return lg.Governor(config, clock=clock, sleep=clock.sleep, asleep=clock.asleep, random=lambda: 0.5)
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["call", "acall"])
+def test_a_rate_limit_refusal_takes_no_breaker_probe(clock: VirtualClock, use_async: bool) -> None:
+    gov = _rated_breaker_governor(clock)
+
+    def call(fn: Backend) -> str:
+        if use_async:
+            return asyncio.run(gov.acall("svc", fn.acall))
+        return gov.call("svc", fn)
+
+    with pytest.raises(lg.TransientError):
+        call(Backend(forever=HTTPError(503)))  # opens the breaker, empties the bucket
+    clock.advance(9)  # the breaker may probe now; the bucket holds 0.9 of a token
+    with pytest.raises(lg.TransientError) as refused:
+        call(Backend())
+    assert refused.value.info.code == "rate_limited"
+    assert gov.store.breaker_get("svc").state is BreakerState.OPEN  # no probe was taken for it
+    clock.advance(1.5)  # the bucket is full again: this call is the probe, and it succeeds
+    assert call(Backend()) == "ok"
+    assert gov.store.breaker_get("svc").state is BreakerState.CLOSED
+
+
+def test_a_retry_refused_by_the_rate_limit_spends_no_retry_budget(clock: VirtualClock) -> None:
+    config = lg.GovernorConfig(
+        retry_base_delay=0.1, retry_max_delay=0.5, tools={"svc": lg.ToolPolicy(rate_limit_per_s=1, rate_burst=1)}
+    )
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep, random=lambda: 0.5)
+    backend = Backend(forever=HTTPError(503))
+    with gov.task("t"):
+        with pytest.raises(lg.TransientError) as err:
+            gov.call("svc", backend)  # the retry would wait ~0.9 s for a token: refused
+        assert err.value.info.attempts == 1 and backend.calls == 1
+        assert gov.store.budget_used("t") == 0

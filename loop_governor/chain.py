@@ -133,6 +133,7 @@ class Chain:
                     result = self._attempts(plan, call)
             except _Failed as failed:
                 if self._fall_back(call, failed.error):
+                    plan = self.plan(call)  # the fallback's own limits (it may be rated, the model not)
                     continue
                 raise self._close_failed(plan, call, failed.error) from failed.cause
             for moment in plan.after_success:
@@ -150,6 +151,7 @@ class Chain:
                 result = await self._aattempts(plan, call)
             except _Failed as failed:
                 if self._fall_back(call, failed.error):
+                    plan = self.plan(call)
                     continue
                 raise self._close_failed(plan, call, failed.error) from failed.cause
             for moment in plan.after_success:

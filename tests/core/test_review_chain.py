@@ -56,3 +56,27 @@ def test_a_retry_refused_by_the_rate_limit_spends_no_retry_budget(clock: Virtual
             gov.call("svc", backend)  # the retry would wait ~0.9 s for a token: refused
         assert err.value.info.attempts == 1 and backend.calls == 1
         assert gov.store.budget_used("t") == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["call_model", "acall_model"])
+def test_a_fallback_model_keeps_its_own_rate_limit(clock: VirtualClock, use_async: bool) -> None:
+    # the primary has no limits; the fallback's key allows one request every 4 s
+    config = lg.GovernorConfig(
+        models={"b:backup": lg.ModelPolicy(rpm=15, rpm_burst=1)}, retry_max_attempts=1, breaker_failure_threshold=100
+    )
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep, asleep=clock.asleep)
+    sent: list[float] = []
+
+    def down(_messages: object) -> str:
+        raise ConnectionError("primary down")
+
+    def backup(_messages: object) -> str:
+        sent.append(clock())
+        return "ok"
+
+    for _ in range(3):
+        if use_async:
+            asyncio.run(gov.acall_model("a:primary", down, "hi", fallbacks=[("b:backup", backup)]))
+        else:
+            gov.call_model("a:primary", down, "hi", fallbacks=[("b:backup", backup)])
+    assert [round(t - sent[0], 6) for t in sent] == [0.0, 4.0, 8.0]

@@ -80,3 +80,40 @@ def test_a_fallback_model_keeps_its_own_rate_limit(clock: VirtualClock, use_asyn
         else:
             gov.call_model("a:primary", down, "hi", fallbacks=[("b:backup", backup)])
     assert [round(t - sent[0], 6) for t in sent] == [0.0, 4.0, 8.0]
+
+
+def test_parallel_tool_calls_of_one_task_never_crash_the_no_progress_guard(
+    gov: lg.Governor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LangGraph runs the tool calls of one turn in parallel threads: two trivial results
+    ("0" again after "0") both ended the tool's streak, and the second ``del`` raised
+    KeyError out of a call whose tool had succeeded. The barrier forces that interleaving."""
+    import threading
+
+    from loop_governor import progress
+
+    real = progress.is_trivial
+    both_read = threading.Barrier(2, timeout=5)
+
+    def trivial_after_both_read(text: str, limit: int) -> bool:
+        both_read.wait()
+        return real(text, limit)
+
+    outcomes: list[object] = []
+
+    def call(scope: lg.TaskScope, n: int) -> None:
+        with gov.attach(scope):
+            try:
+                outcomes.append(gov.call("exit_code", lambda _n: "0", n))
+            except Exception as exc:  # the defect: a KeyError out of a successful call
+                outcomes.append(exc)
+
+    with gov.task("parallel") as scope:
+        gov.call("exit_code", lambda _n: "0", 0)
+        monkeypatch.setattr(progress, "is_trivial", trivial_after_both_read)
+        threads = [threading.Thread(target=call, args=(scope, n)) for n in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert outcomes == ["0", "0"]

@@ -16,11 +16,14 @@ What "the same thing" is, per signal:
 * the repeated-error guard's ``LoopDetectedError``: the tool + error signature;
 * an open breaker's refusal: the tool, while its breaker is open;
 * a shared rate limit's refusal: the tool, while it is over its limit.
+
+The last two are about the tool's availability, not about what the model asked: a
+success of the tool ends them (a later outage is a new one the model is told about).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import (
@@ -73,6 +76,13 @@ class Escalation(Policy):
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        told = call.scope.told if call.scope is not None else None
+        if told:  # the tool answered: its outage (breaker, rate limit) is over
+            told.pop(("breaker", call.name), None)
+            told.pop(("rate", call.name), None)
+        return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         scope = call.scope

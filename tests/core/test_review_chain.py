@@ -117,3 +117,40 @@ def test_parallel_tool_calls_of_one_task_never_crash_the_no_progress_guard(
         for t in threads:
             t.join()
     assert outcomes == ["0", "0"]
+
+
+def test_refusals_of_separate_outages_do_not_add_up_to_a_stop(clock: VirtualClock) -> None:
+    """The model makes one call per outage (refused: circuit open), waits, and the tool
+    works again: it never repeated a refusal it was told about, so the run goes on."""
+    config = lg.GovernorConfig(
+        breaker_failure_threshold=2, breaker_cooldown_s=30, retry_max_attempts=1, repeated_error_threshold=100
+    )
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    backend = Backend()
+    with gov.task("long"):
+        for outage in range(4):
+            backend.forever = HTTPError(503)
+            for _ in range(2):
+                with pytest.raises(lg.TransientError):
+                    gov.call("api", backend, outage)
+            with pytest.raises(lg.CircuitOpenError):
+                gov.call("api", backend, outage)  # told: "unavailable; 2 more calls end the task"
+            backend.forever = None
+            clock.advance(31)
+            assert gov.call("api", backend, outage) == "ok"  # recovered
+            clock.advance(100)
+
+
+def test_refusals_while_still_unavailable_still_end_the_run(clock: VirtualClock) -> None:
+    config = lg.GovernorConfig(breaker_failure_threshold=1, breaker_cooldown_s=30, retry_max_attempts=1)
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    with gov.task("stubborn"):
+        with pytest.raises(lg.TransientError):
+            gov.call("api", Backend(forever=HTTPError(503)))
+        with pytest.raises(lg.CircuitOpenError):
+            gov.call("api", Backend())
+        gov.call("other", Backend())  # a success of another tool proves nothing about this one
+        with pytest.raises(lg.CircuitOpenError):
+            gov.call("api", Backend())
+        with pytest.raises(lg.NoProgressError):
+            gov.call("api", Backend())

@@ -154,3 +154,33 @@ def test_refusals_while_still_unavailable_still_end_the_run(clock: VirtualClock)
             gov.call("api", Backend())
         with pytest.raises(lg.NoProgressError):
             gov.call("api", Backend())
+
+
+class _ContextTooLong(Exception):
+    code = "context_length_exceeded"
+    status_code = 400
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["call_model", "acall_model"])
+def test_a_failing_compactor_leaves_the_context_error_standing(gov: lg.Governor, use_async: bool) -> None:
+    events: list[dict[str, object]] = []
+    gov.subscribe(events.append)
+    sent: list[object] = []
+
+    def model(messages: object) -> str:
+        sent.append(messages)
+        raise _ContextTooLong("This model's maximum context length is 100 tokens")
+
+    def compact(_messages: object) -> object:
+        raise RuntimeError("summarizer backend down")
+
+    with gov.task("t"), pytest.raises(lg.PermanentError) as err:
+        if use_async:
+            asyncio.run(gov.acall_model("openai:m", model, ["a"] * 10, compact=compact))
+        else:
+            gov.call_model("openai:m", model, ["a"] * 10, compact=compact)
+    assert err.value.info.code == "context_length_exceeded" and len(sent) == 1
+    (failed,) = [e for e in events if e["event"] == "model_call"]
+    assert failed["status"] == "error"
+    (broken,) = [e for e in events if e["event"] == "compaction_failed"]
+    assert "RuntimeError" in str(broken["error"])

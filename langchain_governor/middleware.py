@@ -78,6 +78,43 @@ def emit_pruning(governor: lg.Governor, before: Sequence[BaseMessage], after: Se
     )
 
 
+class _ControlFlow(BaseException):
+    """A LangGraph interrupt (or parent command) raised inside the model call, carried
+    through the governor as control flow: a BaseException, so the governor neither
+    classifies it nor retries it nor counts it against the endpoint's breaker (as with
+    cancellation). :meth:`GovernorMiddleware.wrap_model_call` raises the original again."""
+
+    def __init__(self, exc: GraphBubbleUp) -> None:
+        super().__init__()
+        self.exc = exc
+
+
+def _bubbling(handler: Callable[[ModelRequest[Any]], Any]) -> Callable[[ModelRequest[Any]], Any]:
+    def attempt(request: ModelRequest[Any]) -> Any:
+        try:
+            return handler(request)
+        except GraphBubbleUp as exc:
+            if isinstance(exc, lg.FatalError):
+                raise  # a governed stop keeps its verdict
+            raise _ControlFlow(exc) from None
+
+    return attempt
+
+
+def _abubbling(
+    handler: Callable[[ModelRequest[Any]], Awaitable[Any]],
+) -> Callable[[ModelRequest[Any]], Awaitable[Any]]:
+    async def attempt(request: ModelRequest[Any]) -> Any:
+        try:
+            return await handler(request)
+        except GraphBubbleUp as exc:
+            if isinstance(exc, lg.FatalError):
+                raise
+            raise _ControlFlow(exc) from None
+
+    return attempt
+
+
 def _sent_to(model: Any, handler: Callable[[ModelRequest[Any]], Any]) -> Callable[[ModelRequest[Any]], Any]:
     """A fallback: the same request, sent to ``model`` through the same handler."""
     return lambda request: handler(request.override(model=model))
@@ -275,8 +312,12 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     ) -> Any:
         with self._scope(request.state, request.runtime):
             request = self._prepare(request)
+            handler = _bubbling(handler)
             endpoint, options = self._model_call(request, handler)
-            return self.governor.call_model(endpoint, handler, request, **options)
+            try:
+                return self.governor.call_model(endpoint, handler, request, **options)
+            except _ControlFlow as flow:
+                raise flow.exc from None
 
     async def awrap_model_call(
         self,
@@ -285,8 +326,12 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     ) -> Any:
         with self._scope(request.state, request.runtime):
             request = self._prepare(request)
+            handler = _abubbling(handler)
             endpoint, options = self._model_call(request, handler)
-            return await self.governor.acall_model(endpoint, handler, request, **options)
+            try:
+                return await self.governor.acall_model(endpoint, handler, request, **options)
+            except _ControlFlow as flow:
+                raise flow.exc from None
 
     # -- tool calls ---------------------------------------------------------------------
 

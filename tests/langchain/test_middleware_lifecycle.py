@@ -206,3 +206,28 @@ def test_an_interrupt_inside_the_model_call_pauses_the_run_and_resumes(lc: Any, 
     done = run(Command(resume="yes"))
     assert approve.answers == ["yes"] and done["messages"][-1].content == "done"
     assert not [e for e in events if e["event"] == "model_call" and e["status"] == "error"]
+
+
+def test_governed_model_copies_go_with_their_models(lc: Any) -> None:
+    """A model made per request (dynamic model selection, an agent built per request) must
+    not live on in the middleware's cache of governed copies, nor keep its copy alive."""
+    import gc
+    import weakref
+
+    from langchain_openai import ChatOpenAI
+
+    from langchain_governor.models import ModelCopies
+
+    copies = ModelCopies("off")
+    alive: list[weakref.ref[Any]] = []
+    for _ in range(3):
+        retrying = ChatOpenAI(model="gpt-4o-mini", api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+        plain = lc.ScriptedChatModel(script=lambda _m: AIMessage("done"))  # nothing to copy
+        governed, _ = copies(retrying)
+        assert governed is not retrying and governed.max_retries == 0
+        assert copies(governed)[0] is governed and copies(plain)[0] is plain
+        alive += [weakref.ref(retrying), weakref.ref(governed), weakref.ref(plain)]
+    del retrying, plain, governed
+    gc.collect()
+    assert [r for r in alive if r() is not None] == []
+    assert copies._copies == {}

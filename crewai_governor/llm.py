@@ -31,7 +31,8 @@ from pydantic import PrivateAttr
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
-from crewai_governor.failures import model_stop
+from crewai_governor.failures import context_overflow, model_stop
+from loop_governor.compaction import is_context_overflow
 from loop_governor.context.compact import emergency_compact
 from loop_governor.context.tokens import approx_tokens
 from loop_governor.usage import Usage
@@ -84,7 +85,7 @@ class _Governed:
             return self._lg_governor.call_model(spec.endpoint, spec.attempt, messages, **spec.options)
         except lg.AgentToolError as exc:
             failure = exc
-        raise model_stop(failure)  # outside the except block: no implicit chain to a 429
+        raise _outcome(failure)  # outside the except block: no implicit chain to a 429
 
     async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
         spec = _spec(self, messages, args, kwargs, asynchronous=True)
@@ -92,7 +93,15 @@ class _Governed:
             return await self._lg_governor.acall_model(spec.endpoint, spec.attempt, messages, **spec.options)
         except lg.AgentToolError as exc:
             failure = exc
-        raise model_stop(failure)
+        raise _outcome(failure)
+
+
+def _outcome(failure: lg.AgentToolError) -> lg.AgentToolError:
+    """What crewAI sees of a failed governed model call: a context overflow goes to its
+    own context-window handling, anything else stops the run."""
+    if failure.info.error_type is lg.ErrorType.PERMANENT and is_context_overflow(failure.info):
+        return context_overflow(failure)
+    return model_stop(failure)
 
 
 class _Spec:

@@ -303,6 +303,26 @@ def test_crewai_context_length_exceeded_once_retries_a_shorter_request(
     assert retried.content_chars < refused.content_chars / 2
 
 
+def test_crewai_own_context_window_handling_still_runs_without_a_governor_pruner(
+    openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
+) -> None:
+    """crewAI's default ``respect_context_window=True`` summarizes the history after a
+    context overflow and goes on; the governed LLM (no ``install(pruner=...)``, so nothing
+    for the governor to compact) must hand it the overflow, not stop the run."""
+    from crewai_governor import install
+
+    gov = make_governor()
+    openai_server.set_script(pages(4))
+    openai_server.fail_at(4, fault=context_length_exceeded(2000))
+    crew = crew_for(openai_server, gov)
+    assert crew.agents[0].respect_context_window
+    with install(gov):
+        result = crew.kickoff()
+    assert result.raw == "done"
+    statuses = [r.status for r in openai_server.completions]
+    assert statuses[:4] == [200, 200, 200, 400] and statuses.count(400) == 1  # reached once, not retried
+
+
 def test_crewai_fallback_llm_answers_while_the_primary_is_down(
     openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
 ) -> None:

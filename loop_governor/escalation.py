@@ -13,11 +13,12 @@ the first time ("2 more identical calls end the task").
 What "the same thing" is, per signal:
 
 * a permanent failure (then its known-bad replays): the identical call;
-* the repeated-error guard's ``LoopDetectedError``: the tool + error signature;
+* the repeated-error guard's ``LoopDetectedError``: the tool + error signature (for a
+  transient signature -- the service keeps failing -- the tool, while it does);
 * an open breaker's refusal: the tool, while its breaker is open;
 * a shared rate limit's refusal: the tool, while it is over its limit.
 
-The last two are about the tool's availability, not about what the model asked: a
+The last three are about the tool's availability, not about what the model asked: a
 success of the tool ends them (a later outage is a new one the model is told about).
 """
 
@@ -44,9 +45,14 @@ if TYPE_CHECKING:
 _SUBJECTS = {
     "call": ("identical call", "identical calls", "repeated_failure"),
     "signature": ("call failing the same way", "calls failing the same way", "repeated_failure"),
+    "outage": ("call while it keeps failing", "calls while it keeps failing", "repeated_failure"),
     "breaker": ("call while it is unavailable", "calls while it is unavailable", "repeated_refusal"),
     "rate": ("call while it is rate limited", "calls while it is rate limited", "repeated_refusal"),
 }
+
+
+# subjects about the tool's availability: a success of the tool ends them
+_AVAILABILITY = ("outage", "breaker", "rate")
 
 
 def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] | None:
@@ -62,6 +68,8 @@ def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] 
             return ("rate", call.name), False
         return None
     if isinstance(error, LoopDetectedError):
+        if call.info is not None and call.info.error_type is ErrorType.TRANSIENT:
+            return ("outage", call.name), False
         return ("signature", error.info.signature), False
     if error.info.error_type is ErrorType.PERMANENT:
         return ("call", call.key), False
@@ -79,9 +87,9 @@ class Escalation(Policy):
 
     def after_success(self, call: Call, result: Any) -> Any:
         told = call.scope.told if call.scope is not None else None
-        if told:  # the tool answered: its outage (breaker, rate limit) is over
-            told.pop(("breaker", call.name), None)
-            told.pop(("rate", call.name), None)
+        if told:  # the tool answered: its outage (failures, breaker, rate limit) is over
+            for subject in _AVAILABILITY:
+                told.pop((subject, call.name), None)
         return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:

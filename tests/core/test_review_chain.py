@@ -184,3 +184,39 @@ def test_a_failing_compactor_leaves_the_context_error_standing(gov: lg.Governor,
     assert failed["status"] == "error"
     (broken,) = [e for e in events if e["event"] == "compaction_failed"]
     assert "RuntimeError" in str(broken["error"])
+
+
+def test_a_flaky_service_that_keeps_recovering_does_not_end_a_long_run(gov: lg.Governor, clock: VirtualClock) -> None:
+    """Two 503s every 20 calls, the service fine in between: each burst is a new
+    outage, not the model ignoring advice (its calls succeed again in between)."""
+    calls = [0]
+
+    def flaky(q: int) -> str:
+        calls[0] += 1
+        if calls[0] % 20 in (1, 2):
+            raise HTTPError(503)
+        return f"answer {q}"
+
+    outcomes = []
+    with gov.task("long-running"):
+        for q in range(200):
+            try:
+                outcomes.append(gov.call("search", flaky, q))
+            except lg.FatalError:
+                raise
+            except lg.AgentToolError as err:
+                outcomes.append(type(err).__name__)
+            clock.advance(60)
+    assert outcomes.count("LoopDetectedError") > 2  # the model is still told each time
+
+
+def test_a_service_down_for_good_still_ends_the_run(gov: lg.Governor) -> None:
+    backend = Backend(forever=HTTPError(503))
+    with gov.task("down"), pytest.raises(lg.NoProgressError):
+        for q in range(20):
+            try:
+                gov.call("search", backend, q)
+            except lg.FatalError:
+                raise
+            except lg.AgentToolError:
+                pass

@@ -123,15 +123,22 @@ def _parent_call(llm: Any, asynchronous: bool) -> Callable[..., Any]:
     return functools.partial(method, llm)
 
 
+class _Reports(list):  # type: ignore[type-arg]
+    """The usage reports of the attempt in flight, and the LLM that made it (the model's
+    or a fallback's: one list per governed call, so the answer's own usage is read)."""
+
+    llm: Any = None
+
+
 def _attempt(
-    llm: Any, args: tuple[Any, ...], kwargs: dict[str, Any], asynchronous: bool
-) -> tuple[Callable[..., Any], list[dict[str, Any]]]:
-    """One attempt of ``llm``'s own call, and the list its usage reports land in."""
+    llm: Any, args: tuple[Any, ...], kwargs: dict[str, Any], asynchronous: bool, sink: _Reports
+) -> Callable[..., Any]:
+    """One attempt of ``llm``'s own call; its usage reports land in ``sink``."""
     parent = _parent_call(llm, asynchronous)
-    sink: list[dict[str, Any]] = []
 
     def run(messages: Any) -> Any:
         sink.clear()
+        sink.llm = llm
         token = _CALL_USAGE.set(sink)
         try:
             return parent(messages, *args, **kwargs)
@@ -140,24 +147,26 @@ def _attempt(
 
     async def arun(messages: Any) -> Any:
         sink.clear()
+        sink.llm = llm
         token = _CALL_USAGE.set(sink)
         try:
             return await parent(messages, *args, **kwargs)
         finally:
             _CALL_USAGE.reset(token)
 
-    return (arun if asynchronous else run), sink
+    return arun if asynchronous else run
 
 
 def _spec(llm: Any, messages: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, asynchronous: bool) -> _Spec:
-    attempt, reports = _attempt(llm, args, kwargs, asynchronous)
-    fallbacks = [(endpoint_of(f), _attempt(f, args, kwargs, asynchronous)[0]) for f in llm._lg_fallbacks]
+    reports = _Reports()
+    attempt = _attempt(llm, args, kwargs, asynchronous, reports)
+    fallbacks = [(endpoint_of(f), _attempt(f, args, kwargs, asynchronous, reports)) for f in llm._lg_fallbacks]
     options: dict[str, Any] = {
         "usage": lambda _result: _usage_of(reports),
         "estimated_tokens": lambda: _prompt_tokens(messages),
         "compact": _compact if llm._lg_compact else None,
         "fallbacks": fallbacks,
-        "describe": lambda _result: {"model": getattr(llm, "model", None)},
+        "describe": lambda _result: {"model": getattr(reports.llm or llm, "model", None)},
     }
     return _Spec(endpoint_of(llm), attempt, options)
 

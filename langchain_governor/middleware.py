@@ -115,9 +115,17 @@ def _abubbling(
     return attempt
 
 
-def _sent_to(model: Any, handler: Callable[[ModelRequest[Any]], Any]) -> Callable[[ModelRequest[Any]], Any]:
-    """A fallback: the same request, sent to ``model`` through the same handler."""
-    return lambda request: handler(request.override(model=model))
+def _sent_to(
+    model: Any, handler: Callable[[ModelRequest[Any]], Any], answered: list[Any]
+) -> Callable[[ModelRequest[Any]], Any]:
+    """A fallback: the same request, sent to ``model`` through the same handler
+    (``answered[0]``: the model the call's event names)."""
+
+    def send(request: ModelRequest[Any]) -> Any:
+        answered[0] = model
+        return handler(request.override(model=model))
+
+    return send
 
 
 _RECORD_MARK = "lc_tool_message"
@@ -289,14 +297,15 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         """The endpoint and the keyword options of ``governor.call_model`` for ``request``."""
         messages, system = request.messages, request.system_message
         _, endpoint = self._copies(request.model)
+        answered = [request.model]  # the model that made the last attempt: a fallback's, once used
         options: dict[str, Any] = {
             "usage": usage_of_response,
             "estimated_tokens": lambda: prompt_tokens(messages, system),
             "compact": self._compact if self._pruners.enabled else None,
-            "fallbacks": [(self._copies(m)[1], _sent_to(m, handler)) for m in self._fallbacks],
+            "fallbacks": [(self._copies(m)[1], _sent_to(m, handler, answered)) for m in self._fallbacks],
         }
         if self.governor.emitting:
-            options["describe"] = describe(request.model, messages, system, self.record_messages)
+            options["describe"] = describe(answered, messages, system, self.record_messages)
         return endpoint, options
 
     @staticmethod

@@ -136,12 +136,13 @@ def prompt_tokens(messages: Sequence[BaseMessage], system: BaseMessage | None) -
     return count_tokens_approximately([system, *messages] if system is not None else list(messages))
 
 
-def describe(model: Any, messages: Sequence[BaseMessage], system: BaseMessage | None, record: bool) -> Any:
-    """The ``model_call`` event fields the core cannot know (model name, finish reason,
-    the prompt as sent)."""
+def describe(answered: list[Any], messages: Sequence[BaseMessage], system: BaseMessage | None, record: bool) -> Any:
+    """The ``model_call`` event fields the core cannot know (the name of the model that
+    answered, ``answered[0]``: a fallback's once one was used; finish reason; the prompt
+    as sent)."""
 
     def fields(result: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": model_name(model)}
+        out: dict[str, Any] = {"model": model_name(answered[0])}
         reply = last_ai_message(response_messages(result)) if result is not None else None
         metadata = getattr(reply, "response_metadata", None) or {}
         out["finish_reason"] = metadata.get("finish_reason") or metadata.get("stop_reason")

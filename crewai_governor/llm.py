@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from crewai.llms.base_llm import BaseLLM
+from crewai.hooks.dispatch import HookAborted
+from crewai.llms.base_llm import BaseLLM, LLMCallBlockedError
 from crewai.types.usage_metrics import UsageMetrics
 from pydantic import PrivateAttr
 
@@ -85,6 +86,8 @@ class _Governed:
             return self._lg_governor.call_model(spec.endpoint, spec.attempt, messages, **spec.options)
         except lg.AgentToolError as exc:
             failure = exc
+        except _Denied as denied:
+            raise denied.exc from None
         raise _outcome(failure)  # outside the except block: no implicit chain to a 429
 
     async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,7 +96,20 @@ class _Governed:
             return await self._lg_governor.acall_model(spec.endpoint, spec.attempt, messages, **spec.options)
         except lg.AgentToolError as exc:
             failure = exc
+        except _Denied as denied:
+            raise denied.exc from None
         raise _outcome(failure)
+
+
+class _Denied(BaseException):
+    """A crewAI hook's deny (``HookAborted``, ``LLMCallBlockedError``) raised inside the
+    provider's call, carried through the governor as control flow: the user's decision,
+    not the endpoint failing, so never classified, retried or counted by its breaker
+    (a BaseException, as cancellation). ``call``/``acall`` raise the original again."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__()
+        self.exc = exc
 
 
 def _outcome(failure: lg.AgentToolError) -> lg.AgentToolError:
@@ -142,6 +158,8 @@ def _attempt(
         token = _CALL_USAGE.set(sink)
         try:
             return parent(messages, *args, **kwargs)
+        except (HookAborted, LLMCallBlockedError) as exc:
+            raise _Denied(exc) from None
         finally:
             _CALL_USAGE.reset(token)
 
@@ -151,6 +169,8 @@ def _attempt(
         token = _CALL_USAGE.set(sink)
         try:
             return await parent(messages, *args, **kwargs)
+        except (HookAborted, LLMCallBlockedError) as exc:
+            raise _Denied(exc) from None
         finally:
             _CALL_USAGE.reset(token)
 

@@ -378,6 +378,39 @@ def test_crewai_a_fallback_answer_counts_its_own_usage(
     assert [e["input_tokens"] for e in answered] == [r.prompt_tokens for r in served]
 
 
+def test_crewai_a_hook_that_denies_the_model_call_is_not_a_model_failure(
+    openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
+) -> None:
+    """A before_llm_call hook that aborts (crewAI runs the hooks inside the provider's
+    call when no executor dispatched them: a direct call, a summary, a structured-output
+    conversion) is the user's decision, not the endpoint failing: the deny reaches the
+    caller as crewAI raised it, and nothing is counted against the model."""
+    import crewai
+    from crewai.hooks.dispatch import HookAborted, InterceptionPoint, register, unregister
+
+    from crewai_governor.llm import govern_llm
+
+    gov = make_governor()
+    events: list[dict[str, Any]] = []
+    gov.subscribe(events.append)
+
+    def deny(_context: Any) -> None:
+        raise HookAborted("blocked by the data-loss policy", source="dlp")
+
+    llm = govern_llm(crewai.LLM(model=f"openai/{MODEL}", base_url=openai_server.url, api_key=KEY), gov)
+    register(InterceptionPoint.PRE_MODEL_CALL, deny)
+    try:
+        with gov.task("t"):
+            for _ in range(4):
+                with pytest.raises(HookAborted) as denied:
+                    llm.call("hi")
+                assert type(denied.value) is HookAborted and denied.value.source == "dlp"
+    finally:
+        unregister(InterceptionPoint.PRE_MODEL_CALL, deny)
+    assert openai_server.count() == 0
+    assert not [e for e in events if e["event"] in ("model_call", "loop_detected")]
+
+
 # ======================================================== a fleet sharing one provider key
 
 

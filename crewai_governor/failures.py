@@ -165,6 +165,36 @@ def model_stop(exc: lg.AgentToolError) -> lg.AgentToolError:
     return result
 
 
+_overflow_classes: dict[type[lg.AgentToolError], type[lg.AgentToolError]] = {}
+
+
+def context_overflow(exc: lg.AgentToolError) -> lg.AgentToolError:
+    """A governed model call's context overflow as crewAI's own
+    ``LLMContextLengthExceededError`` (and still ``exc``'s class, ``.info`` intact).
+
+    crewAI's executor answers that error itself: ``respect_context_window=True`` (its
+    default) summarizes the history and calls the model again, ``False`` ends the run. A
+    run stop here would skip what the crew was configured to do; the governor already
+    compacted once if it had a pruner to do it with.
+    """
+    from crewai.utilities.exceptions.context_window_exceeding_exception import LLMContextLengthExceededError
+
+    cls = type(exc)
+    with _stop_lock:
+        overflow_cls = _overflow_classes.get(cls)
+        if overflow_cls is None:
+            overflow_cls = type(cls.__name__, (cls, LLMContextLengthExceededError), {"__module__": __name__})
+            _overflow_classes[cls] = overflow_cls
+    info = exc.info
+    text = LLMContextLengthExceededError._get_error_message(info.message or "context_length_exceeded")
+    overflow: Any = Exception.__new__(overflow_cls, text)
+    overflow.__dict__.update(exc.__dict__)
+    overflow.args = (text,)
+    overflow.original_error_message = info.message
+    result: lg.AgentToolError = overflow
+    return result
+
+
 def _relay_fatal(context: Any) -> str | None:
     """Global ``after_tool_call`` hook: turn a returned fatal failure into a run stop,
     and give the model a raised governed failure's JSON without crewAI's wording around

@@ -25,13 +25,15 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from crewai.llms.base_llm import BaseLLM
+from crewai.hooks.dispatch import HookAborted
+from crewai.llms.base_llm import BaseLLM, LLMCallBlockedError
 from crewai.types.usage_metrics import UsageMetrics
 from pydantic import PrivateAttr
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
-from crewai_governor.failures import model_stop
+from crewai_governor.failures import context_overflow, model_stop
+from loop_governor.compaction import is_context_overflow
 from loop_governor.context.compact import emergency_compact
 from loop_governor.context.tokens import approx_tokens
 from loop_governor.usage import Usage
@@ -84,7 +86,9 @@ class _Governed:
             return self._lg_governor.call_model(spec.endpoint, spec.attempt, messages, **spec.options)
         except lg.AgentToolError as exc:
             failure = exc
-        raise model_stop(failure)  # outside the except block: no implicit chain to a 429
+        except _Denied as denied:
+            raise denied.exc from None
+        raise _outcome(failure)  # outside the except block: no implicit chain to a 429
 
     async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
         spec = _spec(self, messages, args, kwargs, asynchronous=True)
@@ -92,7 +96,28 @@ class _Governed:
             return await self._lg_governor.acall_model(spec.endpoint, spec.attempt, messages, **spec.options)
         except lg.AgentToolError as exc:
             failure = exc
-        raise model_stop(failure)
+        except _Denied as denied:
+            raise denied.exc from None
+        raise _outcome(failure)
+
+
+class _Denied(BaseException):
+    """A crewAI hook's deny (``HookAborted``, ``LLMCallBlockedError``) raised inside the
+    provider's call, carried through the governor as control flow: the user's decision,
+    not the endpoint failing, so never classified, retried or counted by its breaker
+    (a BaseException, as cancellation). ``call``/``acall`` raise the original again."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__()
+        self.exc = exc
+
+
+def _outcome(failure: lg.AgentToolError) -> lg.AgentToolError:
+    """What crewAI sees of a failed governed model call: a context overflow goes to its
+    own context-window handling, anything else stops the run."""
+    if failure.info.error_type is lg.ErrorType.PERMANENT and is_context_overflow(failure.info):
+        return context_overflow(failure)
+    return model_stop(failure)
 
 
 class _Spec:
@@ -114,41 +139,54 @@ def _parent_call(llm: Any, asynchronous: bool) -> Callable[..., Any]:
     return functools.partial(method, llm)
 
 
+class _Reports(list):  # type: ignore[type-arg]
+    """The usage reports of the attempt in flight, and the LLM that made it (the model's
+    or a fallback's: one list per governed call, so the answer's own usage is read)."""
+
+    llm: Any = None
+
+
 def _attempt(
-    llm: Any, args: tuple[Any, ...], kwargs: dict[str, Any], asynchronous: bool
-) -> tuple[Callable[..., Any], list[dict[str, Any]]]:
-    """One attempt of ``llm``'s own call, and the list its usage reports land in."""
+    llm: Any, args: tuple[Any, ...], kwargs: dict[str, Any], asynchronous: bool, sink: _Reports
+) -> Callable[..., Any]:
+    """One attempt of ``llm``'s own call; its usage reports land in ``sink``."""
     parent = _parent_call(llm, asynchronous)
-    sink: list[dict[str, Any]] = []
 
     def run(messages: Any) -> Any:
         sink.clear()
+        sink.llm = llm
         token = _CALL_USAGE.set(sink)
         try:
             return parent(messages, *args, **kwargs)
+        except (HookAborted, LLMCallBlockedError) as exc:
+            raise _Denied(exc) from None
         finally:
             _CALL_USAGE.reset(token)
 
     async def arun(messages: Any) -> Any:
         sink.clear()
+        sink.llm = llm
         token = _CALL_USAGE.set(sink)
         try:
             return await parent(messages, *args, **kwargs)
+        except (HookAborted, LLMCallBlockedError) as exc:
+            raise _Denied(exc) from None
         finally:
             _CALL_USAGE.reset(token)
 
-    return (arun if asynchronous else run), sink
+    return arun if asynchronous else run
 
 
 def _spec(llm: Any, messages: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, asynchronous: bool) -> _Spec:
-    attempt, reports = _attempt(llm, args, kwargs, asynchronous)
-    fallbacks = [(endpoint_of(f), _attempt(f, args, kwargs, asynchronous)[0]) for f in llm._lg_fallbacks]
+    reports = _Reports()
+    attempt = _attempt(llm, args, kwargs, asynchronous, reports)
+    fallbacks = [(endpoint_of(f), _attempt(f, args, kwargs, asynchronous, reports)) for f in llm._lg_fallbacks]
     options: dict[str, Any] = {
         "usage": lambda _result: _usage_of(reports),
         "estimated_tokens": lambda: _prompt_tokens(messages),
         "compact": _compact if llm._lg_compact else None,
         "fallbacks": fallbacks,
-        "describe": lambda _result: {"model": getattr(llm, "model", None)},
+        "describe": lambda _result: {"model": getattr(reports.llm or llm, "model", None)},
     }
     return _Spec(endpoint_of(llm), attempt, options)
 

@@ -40,9 +40,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Annotated, Any
 
-from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
 from langchain.agents.middleware.types import PrivateStateAttr
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.tools import BaseTool
 from langgraph.errors import GraphBubbleUp
@@ -91,24 +91,18 @@ def emit_pruning(governor: lg.Governor, before: Sequence[BaseMessage], after: Se
     )
 
 
-def _response_messages(result: Any) -> list[BaseMessage]:
-    """The messages of whatever a model-call handler returned (all shapes LangChain allows)."""
-    if isinstance(result, AIMessage):
-        return [result]
-    inner = getattr(result, "model_response", None)
-    if isinstance(inner, ModelResponse):
-        result = inner
-    if isinstance(result, ModelResponse):
-        return list(result.result)
-    return []
-
-
 def _sent_to(
-    model: Any, handler: Callable[[ModelRequest[Any]], Any], capture: PromptCapture
+    model: Any, handler: Callable[[ModelRequest[Any]], Any], capture: PromptCapture, answered: list[Any]
 ) -> Callable[[ModelRequest[Any]], Any]:
-    """A fallback: the same request, sent to ``model`` through the same handler."""
+    """A fallback: the same request, sent to ``model`` through the same handler
+    (``answered[0]``: the model the call's event names)."""
     attempt = _model_only(handler, capture)
-    return lambda request: attempt(request.override(model=model))
+
+    def send(request: ModelRequest[Any]) -> Any:
+        answered[0] = model
+        return attempt(request.override(model=model))
+
+    return send
 
 
 def _model_only(handler: Callable[[ModelRequest[Any]], Any], capture: PromptCapture) -> Callable[..., Any]:
@@ -291,14 +285,15 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         """The endpoint and the keyword options of ``governor.call_model`` for ``request``."""
         messages, system = request.messages, request.system_message
         _, endpoint = self._copies(request.model)
+        answered = [request.model]  # the model that made the last attempt: a fallback's, once used
         options: dict[str, Any] = {
             "usage": usage_of_response,
             "estimated_tokens": lambda: prompt_tokens(messages, system),
             "compact": self._compact if self._pruners.enabled else None,
-            "fallbacks": [(self._copies(m)[1], _sent_to(m, handler, capture)) for m in self._fallbacks],
+            "fallbacks": [(self._copies(m)[1], _sent_to(m, handler, capture, answered)) for m in self._fallbacks],
         }
         if self.governor.emitting:
-            options["describe"] = describe(request.model, messages, system, self.record_messages, capture)
+            options["describe"] = describe(answered, messages, system, self.record_messages, capture)
         return endpoint, options
 
     @staticmethod

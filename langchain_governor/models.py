@@ -82,6 +82,9 @@ class ModelCopies:
 
     def __init__(self, sdk_retries: str) -> None:
         self._sdk_retries = sdk_retries
+        # id(model) -> (weak ref to it, its copy or None when the model is its own, endpoint).
+        # Only a model's entry holds its copy (the copy lives as long as the model); the
+        # copy's own entry and a model needing no copy hold nothing, so both can go.
         self._copies: dict[int, tuple[weakref.ref[Any], Any, str]] = {}
         self._lock = threading.Lock()
 
@@ -90,18 +93,18 @@ class ModelCopies:
         key = id(model)
         entry = self._copies.get(key)
         if entry is not None and entry[0]() is model:
-            return entry[1], entry[2]
+            return (model if entry[1] is None else entry[1]), entry[2]
         copy = governed_copy(model, sdk_retries=self._sdk_retries)
         endpoint = endpoint_of(model)
         try:
-            refs = [(id(model), weakref.ref(model, functools.partial(self._forget, id(model))))]
+            refs = [(id(model), weakref.ref(model, functools.partial(self._forget, id(model))), copy)]
             if copy is not model:  # a request already carrying the copy maps to it too
-                refs.append((id(copy), weakref.ref(copy, functools.partial(self._forget, id(copy)))))
+                refs.append((id(copy), weakref.ref(copy, functools.partial(self._forget, id(copy))), None))
         except TypeError:
             return copy, endpoint  # not weak-referenceable: copy each time rather than leak
         with self._lock:
-            for ref_key, ref in refs:
-                self._copies[ref_key] = (ref, copy, endpoint)
+            for ref_key, ref, held in refs:
+                self._copies[ref_key] = (ref, None if held is model else held, endpoint)
         return copy, endpoint
 
     def _forget(self, key: int, _ref: Any) -> None:
@@ -134,14 +137,15 @@ def prompt_tokens(messages: Sequence[BaseMessage], system: BaseMessage | None) -
 
 
 def describe(
-    model: Any, messages: Sequence[BaseMessage], system: BaseMessage | None, record: bool, capture: Any = None
+    answered: list[Any], messages: Sequence[BaseMessage], system: BaseMessage | None, record: bool, capture: Any = None
 ) -> Any:
-    """The ``model_call`` event fields the core cannot know (model name, finish reason,
-    the prompt: as the chat model received it when ``capture`` caught it -- middlewares
-    inside the governor may have edited it -- else as the governor handed it on)."""
+    """The ``model_call`` event fields the core cannot know (the name of the model that
+    answered, ``answered[0]``: a fallback's once one was used; finish reason; the prompt:
+    as the chat model received it when ``capture`` caught it -- middlewares inside the
+    governor may have edited it -- else as the governor handed it on)."""
 
     def fields(result: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": model_name(model)}
+        out: dict[str, Any] = {"model": model_name(answered[0])}
         reply = last_ai_message(response_messages(result)) if result is not None else None
         metadata = getattr(reply, "response_metadata", None) or {}
         out["finish_reason"] = metadata.get("finish_reason") or metadata.get("stop_reason")

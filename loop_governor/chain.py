@@ -4,7 +4,7 @@
 
     call policies .before           (resume, known-bad replay, budgets)
       for each endpoint (a model's fallbacks after it):
-        attempt policies .before_attempt   (breaker, retry budget, rate limits: may wait)
+        attempt policies .before_attempt   (rate limits: may wait; breaker, retry budget)
         the attempt                        (the first outside tenacity, retries inside it)
         attempt policies .after_attempt_*  (breaker records; vetoes end the retries)
     call policies .after_success / .after_failure   (events, checkpoint, known-bad,
@@ -29,6 +29,7 @@ from tenacity import AsyncRetrying, Retrying
 from loop_governor.call import MODEL, AttemptPolicy, Call, PassThrough, Policy, Refused, Resumed, overrides
 from loop_governor.errors import AgentToolError, TransientError
 from loop_governor.outcome import failure
+from loop_governor.redaction import redact
 from loop_governor.retry import RetryLoop
 from loop_governor.runtime import Runtime
 from loop_governor.usage import Usage, usage_of
@@ -44,7 +45,7 @@ class _Failed(Exception):
 
 
 class _OwnError(BaseException):
-    """Internal: an error of the governor's own policies (or of a compactor) during a retry.
+    """Internal: an error of the governor's own policies during a retry.
 
     Not the tool's failure, so never classified or retried: a BaseException, which the
     retry predicate refuses and tenacity re-raises; unwrapped when it leaves the loop.
@@ -133,6 +134,7 @@ class Chain:
                     result = self._attempts(plan, call)
             except _Failed as failed:
                 if self._fall_back(call, failed.error):
+                    plan = self.plan(call)  # the fallback's own limits (it may be rated, the model not)
                     continue
                 raise self._close_failed(plan, call, failed.error) from failed.cause
             except PassThrough as passed:
@@ -154,6 +156,7 @@ class Chain:
                 result = await self._aattempts(plan, call)
             except _Failed as failed:
                 if self._fall_back(call, failed.error):
+                    plan = self.plan(call)
                     continue
                 raise self._close_failed(plan, call, failed.error) from failed.cause
             except PassThrough as passed:
@@ -196,8 +199,7 @@ class Chain:
             with _own_errors():
                 self._admit(plan, call)
                 if call.pending is not None:
-                    compact = call.model.compact if call.model else None
-                    self._compact(call, compact(*call.args) if compact else None)
+                    self._compact(call, self._compacted(call))
             call.attempt += 1
             return call.fn(*call.args, **call.kwargs)
 
@@ -232,8 +234,7 @@ class Chain:
             with _own_errors():
                 await self._aadmit(plan, call)
                 if call.pending is not None:
-                    compact = call.model.compact if call.model else None
-                    self._compact(call, await _awaited(compact(*call.args)) if compact else None)
+                    self._compact(call, await self._acompacted(call))
             call.attempt += 1
             return await _awaited(call.fn(*call.args, **call.kwargs))
 
@@ -293,6 +294,30 @@ class Chain:
         """A retry refused before it ran: the call ends with its last failure."""
         call.stop_reason = refused.reason
         return _Failed(failure(call), call.exc)
+
+    def _compacted(self, call: Call) -> Any:
+        """The caller's compaction of the prompt; None when it has none to offer."""
+        compact = call.model.compact if call.model is not None else None
+        if compact is None:
+            return None
+        try:
+            return compact(*call.args)
+        except Exception as exc:
+            return self._compaction_failed(call, exc)
+
+    async def _acompacted(self, call: Call) -> Any:
+        compact = call.model.compact if call.model is not None else None
+        if compact is None:
+            return None
+        try:
+            return await _awaited(compact(*call.args))
+        except Exception as exc:
+            return self._compaction_failed(call, exc)
+
+    def _compaction_failed(self, call: Call, exc: Exception) -> None:
+        # A broken compactor (the caller's code, or a summarizer's backend) is not the
+        # model's failure: the context error stands, and the trace says why.
+        self.rt.events.emit("compaction_failed", model=call.name, error=redact(f"{type(exc).__name__}: {exc}")[:500])
 
     def _compact(self, call: Call, compacted: Any) -> None:
         """Run the retry after ``context_length_exceeded`` on the compacted arguments."""

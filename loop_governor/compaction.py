@@ -14,6 +14,7 @@ import re
 
 from loop_governor.call import MODEL, AttemptPolicy, Call
 from loop_governor.classify import ErrorInfo
+from loop_governor.errors import GovernedError
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 # How providers word it when no code says so (Anthropic: "prompt is too long: N tokens >
@@ -23,7 +24,7 @@ _OVERFLOW = re.compile(
 )
 
 
-def is_context_overflow(info: ErrorInfo) -> bool:
+def is_context_overflow(info: ErrorInfo | GovernedError) -> bool:
     """Whether a failure says the prompt does not fit the model's context window."""
     if info.code == CONTEXT_LENGTH_EXCEEDED:
         return True

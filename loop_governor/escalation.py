@@ -16,14 +16,18 @@ starts over:
 
 * a permanent failure (then its known-bad replays): the identical call;
 * the repeated-error guard's ``LoopDetectedError``: the same error for the same call but
-  for its numbers (the next flight number, another line range);
+  for its numbers (the next flight number, another line range); for a transient signature
+  (the service keeps failing), the tool, while it does;
 * an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
   while the tool is refused.
+
+The last two are about the tool's availability, not about what the model asked: any
+success of the tool ends them (a later outage is a new one the model is told about).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import (
@@ -45,9 +49,14 @@ if TYPE_CHECKING:
 _SUBJECTS = {
     "call": ("identical call", "identical calls", "repeated_failure"),
     "signature": ("call failing the same way", "calls failing the same way", "repeated_failure"),
+    "outage": ("call while it keeps failing", "calls while it keeps failing", "repeated_failure"),
     "breaker": ("call while it is unavailable", "calls while it is unavailable", "repeated_refusal"),
     "rate": ("call while it is rate limited", "calls while it is rate limited", "repeated_refusal"),
 }
+
+
+# subjects about the tool's availability: any success of the tool ends them
+_AVAILABILITY = frozenset({"outage", "breaker", "rate"})
 
 
 def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] | None:
@@ -63,6 +72,8 @@ def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] 
             return ("rate", f"{call.name}:{call.args_shape}"), False
         return None
     if isinstance(error, LoopDetectedError):
+        if call.info is not None and call.info.error_type is ErrorType.TRANSIENT:
+            return ("outage", call.name), False  # the service keeps failing, whatever is asked
         # the same error for the same call but for a number (the next flight), not any call
         # of the tool that fails alike: a shell's commands share "Traceback ..." signatures
         return ("signature", f"{error.info.signature}:{call.args_shape}"), False
@@ -79,6 +90,14 @@ class Escalation(Policy):
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        told = call.scope.told if call.scope is not None else None
+        if told:  # the tool answered: its outage (failures, breaker, rate limit) is over
+            name = call.name
+            for key in [k for k in told if k[0] in _AVAILABILITY and k[1].partition("@")[0].partition(":")[0] == name]:
+                del told[key]
+        return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         scope = call.scope

@@ -96,7 +96,11 @@ class Governor:
 
     def _compose(self) -> Chain:
         """The chain of policies, in order: ``before`` runs first to last, and so do
-        ``after_success`` and ``after_failure``. Policies with nothing to do are left out."""
+        ``after_success`` and ``after_failure``. Policies with nothing to do are left out.
+
+        The rate limit comes first among the attempt policies: a call it holds back or
+        refuses must not hold the breaker's one half-open probe, nor have spent a unit of
+        the task's retry budget (the old combined Redis admission took neither)."""
         rt = self.rt
         resume = [Checkpointing(rt)] if rt.checkpoints is not None else []
         return Chain(
@@ -113,7 +117,7 @@ class Governor:
                 *([Cycles(rt)] if rt.config.cycle_detection else []),
                 RunStop(rt),  # last: whatever stopped the run, its checkpoint is saved
             ],
-            [Breaker(rt), budget.RetryBudget(rt), RateLimit(rt), Compaction()],
+            [RateLimit(rt), Breaker(rt), budget.RetryBudget(rt), Compaction()],
         )
 
     # -- the governed calls --------------------------------------------------------------

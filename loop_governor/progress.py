@@ -121,7 +121,9 @@ class ProgressGuard:
             by_tool[tool] = seen  # a new verdict: no streak (triviality doesn't matter yet)
             return OK
         if is_trivial(fp.text, self.trivial_chars):
-            del by_tool[tool]  # "0" again after "0": an exit code, not a verdict
+            # "0" again after "0": an exit code, not a verdict. pop, not del: parallel tool
+            # calls of one task (LangGraph's threads) may both end the same streak.
+            by_tool.pop(tool, None)
             return OK
         seen.streak = streak = prev.streak + 1
         by_tool[tool] = seen

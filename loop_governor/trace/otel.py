@@ -146,8 +146,9 @@ class SpanBridge:
         elif kind == "tool_call":
             self._tool_call(record, now_ns, ambient)
         elif kind == "retry":
-            # Retries happen inside the governed call, before its tool_call record arrives:
-            # hold them and attach them to that tool span.
+            # Retries happen inside the governed call, before its tool_call (or model_call)
+            # record arrives: hold them and attach them to that span. A model call's
+            # retries name its endpoint in "tool" (the model_call record's "endpoint").
             key = (task_id, record.get("tool"))
             self._retries.setdefault(key, []).append((_attrs(record), now_ns))
         else:
@@ -191,6 +192,8 @@ class SpanBridge:
         )
         if failed:
             span.set_status(Status(StatusCode.ERROR, str(record.get("signature") or record.get("error") or "")))
+        for retry_attrs, ts in self._retries.pop((record.get("task_id"), record.get("endpoint")), ()):
+            span.add_event("loop_governor.retry", retry_attrs, timestamp=ts)
         span.end(end_time=now_ns)
 
     def _tool_call(self, record: Mapping[str, Any], now_ns: int, ambient: Context | None) -> None:

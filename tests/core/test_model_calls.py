@@ -301,11 +301,12 @@ def test_cancellation_is_never_classified_as_retryable() -> None:
         assert info.error_type == "fatal" and info.retryable is False and info.code == "cancelled"
 
 
-def test_a_broken_policy_is_not_mistaken_for_the_tool_failing(gov: lg.Governor) -> None:
+def test_a_broken_compactor_is_not_mistaken_for_the_model_failing(gov: lg.Governor) -> None:
     def broken_compactor(_prompt: Any) -> Any:
         raise RuntimeError("compactor bug")
 
     model = Model(OVERFLOW)
-    with gov.task("t"), pytest.raises(RuntimeError, match="compactor bug"):
+    with gov.task("t"), pytest.raises(lg.PermanentError) as err:
         gov.call_model("m", model, "p", compact=broken_compactor)
+    assert "maximum context length" in err.value.info.message  # the provider's error, not the compactor's
     assert len(model.prompts) == 1

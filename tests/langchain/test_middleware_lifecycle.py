@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -162,3 +164,70 @@ def test_an_interrupt_inside_a_tool_pauses_the_run_and_resumes(lc: Any) -> None:
         done = agent.invoke(Command(resume="yes"), config)
         assert approvals == ["yes"] and done["messages"][-1].content == "done"
     assert not [e for e in events if e["event"] == "tool_call" and e["status"] == "error"]
+
+
+class _ApproveModelCalls(AgentMiddleware):  # type: ignore[type-arg]
+    """A model-call middleware inside the governor's that asks a human first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: list[Any] = []
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        from langgraph.types import interrupt
+
+        self.answers.append(interrupt("approve this model call?"))
+        return handler(request)
+
+    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+        from langgraph.types import interrupt
+
+        self.answers.append(interrupt("approve this model call?"))
+        return await handler(request)
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["invoke", "ainvoke"])
+def test_an_interrupt_inside_the_model_call_pauses_the_run_and_resumes(lc: Any, use_async: bool) -> None:
+    from langgraph.types import Command
+
+    gov = lg.Governor(sleep=lambda s: None)
+    events: list[dict[str, Any]] = []
+    gov.subscribe(events.append)
+    approve = _ApproveModelCalls()
+    model = lc.ScriptedChatModel(script=lambda _messages: AIMessage("done"))
+    agent = create_agent(model, [], middleware=[GovernorMiddleware(gov), approve], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"approve-{use_async}"}}
+
+    def run(payload: Any) -> Any:
+        return asyncio.run(agent.ainvoke(payload, config)) if use_async else agent.invoke(payload, config)
+
+    paused = run({"messages": [("user", "hi")]})
+    assert paused["__interrupt__"][0].value == "approve this model call?"  # not a failed model call
+    done = run(Command(resume="yes"))
+    assert approve.answers == ["yes"] and done["messages"][-1].content == "done"
+    assert not [e for e in events if e["event"] == "model_call" and e["status"] == "error"]
+
+
+def test_governed_model_copies_go_with_their_models(lc: Any) -> None:
+    """A model made per request (dynamic model selection, an agent built per request) must
+    not live on in the middleware's cache of governed copies, nor keep its copy alive."""
+    import gc
+    import weakref
+
+    from langchain_openai import ChatOpenAI
+
+    from langchain_governor.models import ModelCopies
+
+    copies = ModelCopies("off")
+    alive: list[weakref.ref[Any]] = []
+    for _ in range(3):
+        retrying = ChatOpenAI(model="gpt-4o-mini", api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+        plain = lc.ScriptedChatModel(script=lambda _m: AIMessage("done"))  # nothing to copy
+        governed, _ = copies(retrying)
+        assert governed is not retrying and governed.max_retries == 0
+        assert copies(governed)[0] is governed and copies(plain)[0] is plain
+        alive += [weakref.ref(retrying), weakref.ref(governed), weakref.ref(plain)]
+    del retrying, plain, governed
+    gc.collect()
+    assert [r for r in alive if r() is not None] == []
+    assert copies._copies == {}

@@ -144,12 +144,17 @@ def test_langchain_fallback_model_answers_while_the_primary_is_down(
     openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
 ) -> None:
     gov = make_governor()
+    events: list[dict[str, Any]] = []
+    gov.subscribe(events.append)
     openai_server.set_script(pages(1))
     openai_server.add_rule(lambda r: server_error() if r.model == MODEL else None)
     state = run(agent_for(openai_server, gov, fallback_models=[chat(openai_server, FALLBACK)]))
     assert state["messages"][-1].content == "done"
     models = [r.model for r in openai_server.completions]
     assert models[:4] == [MODEL, MODEL, MODEL, FALLBACK]
+    answered = [e for e in events if e["event"] == "model_call" and e["status"] == "ok"]
+    assert answered and all(e["endpoint"] == f"openai:{FALLBACK}" for e in answered)
+    assert [e["model"] for e in answered] == [FALLBACK] * len(answered)  # not the model that was down
 
 
 def test_langchain_context_length_exceeded_once_retries_a_shorter_request(
@@ -303,6 +308,26 @@ def test_crewai_context_length_exceeded_once_retries_a_shorter_request(
     assert retried.content_chars < refused.content_chars / 2
 
 
+def test_crewai_own_context_window_handling_still_runs_without_a_governor_pruner(
+    openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
+) -> None:
+    """crewAI's default ``respect_context_window=True`` summarizes the history after a
+    context overflow and goes on; the governed LLM (no ``install(pruner=...)``, so nothing
+    for the governor to compact) must hand it the overflow, not stop the run."""
+    from crewai_governor import install
+
+    gov = make_governor()
+    openai_server.set_script(pages(4))
+    openai_server.fail_at(4, fault=context_length_exceeded(2000))
+    crew = crew_for(openai_server, gov)
+    assert crew.agents[0].respect_context_window
+    with install(gov):
+        result = crew.kickoff()
+    assert result.raw == "done"
+    statuses = [r.status for r in openai_server.completions]
+    assert statuses[:4] == [200, 200, 200, 400] and statuses.count(400) == 1  # reached once, not retried
+
+
 def test_crewai_fallback_llm_answers_while_the_primary_is_down(
     openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
 ) -> None:
@@ -311,13 +336,56 @@ def test_crewai_fallback_llm_answers_while_the_primary_is_down(
     from crewai_governor import install
 
     gov = make_governor()
+    events: list[dict[str, Any]] = []
+    gov.subscribe(events.append)
     openai_server.set_script(pages(1))
     openai_server.add_rule(lambda r: server_error() if r.model == MODEL else None)
     fallback = crewai.LLM(model=f"openai/{FALLBACK}", base_url=openai_server.url, api_key=KEY)
-    with install(gov, fallback_llms=[fallback]):
+    with gov.task("t") as scope, install(gov, fallback_llms=[fallback]):
         result = crew_for(openai_server, gov).kickoff()
+        tokens = scope.tokens
     assert result.raw == "done"
     assert [r.model for r in openai_server.completions][:4] == [MODEL, MODEL, MODEL, FALLBACK]
+    # the answers are the fallback's: its model name, its own usage report (not an estimate)
+    answered = [e for e in events if e["event"] == "model_call" and e["status"] == "ok"]
+    served = [r for r in openai_server.completions if r.status == 200]
+    assert [e["model"] for e in answered] == [FALLBACK] * len(served)
+    assert not any(e["usage_estimated"] for e in answered)
+    assert [e["input_tokens"] for e in answered] == [r.prompt_tokens for r in served]
+    assert tokens == sum(e["input_tokens"] + e["output_tokens"] for e in answered)
+
+
+def test_crewai_a_hook_that_denies_the_model_call_is_not_a_model_failure(
+    openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
+) -> None:
+    """A before_llm_call hook that aborts (crewAI runs the hooks inside the provider's
+    call when no executor dispatched them: a direct call, a summary, a structured-output
+    conversion) is the user's decision, not the endpoint failing: the deny reaches the
+    caller as crewAI raised it, and nothing is counted against the model."""
+    import crewai
+    from crewai.hooks.dispatch import HookAborted, InterceptionPoint, register, unregister
+
+    from crewai_governor.llm import govern_llm
+
+    gov = make_governor()
+    events: list[dict[str, Any]] = []
+    gov.subscribe(events.append)
+
+    def deny(_context: Any) -> None:
+        raise HookAborted("blocked by the data-loss policy", source="dlp")
+
+    llm = govern_llm(crewai.LLM(model=f"openai/{MODEL}", base_url=openai_server.url, api_key=KEY), gov)
+    register(InterceptionPoint.PRE_MODEL_CALL, deny)
+    try:
+        with gov.task("t"):
+            for _ in range(4):
+                with pytest.raises(HookAborted) as denied:
+                    llm.call("hi")
+                assert type(denied.value) is HookAborted and denied.value.source == "dlp"
+    finally:
+        unregister(InterceptionPoint.PRE_MODEL_CALL, deny)
+    assert openai_server.count() == 0
+    assert not [e for e in events if e["event"] in ("model_call", "loop_detected")]
 
 
 # ======================================================== a fleet sharing one provider key

@@ -219,3 +219,28 @@ def test_a_failed_model_call_is_one_chat_span_with_error_type(
     assert chat.attributes["error.type"] == "fatal"
     assert chat.attributes["loop_governor.model.attempts"] == 1
     assert chat.status.status_code is StatusCode.ERROR
+
+
+def test_a_model_calls_retries_sit_on_its_chat_span(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
+    """A retried model call's retries belong to its chat span; outside a task they were
+    held for a tool span that never comes, one more for every retry the process made."""
+
+    class Overloaded(Exception):
+        status_code = 503
+
+    attempts = iter([Overloaded("overloaded"), None])
+
+    def model(prompt: str) -> dict[str, Any]:
+        exc = next(attempts)
+        if exc is not None:
+            raise exc
+        return {"usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+
+    governor = lg.Governor(sleep=lambda s: None)
+    lens = install(governor, tracer_provider=provider)
+    governor.call_model("openai:gpt-4o", model, "hi")  # outside a task
+    lens.flush()
+    (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    assert [e.name for e in chat.events] == ["loop_governor.retry"]
+    assert lens._bridge is not None and not lens._bridge._retries  # nothing held back
+    lens.close()

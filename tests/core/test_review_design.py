@@ -1,0 +1,113 @@
+"""Defects an adversarial review confirmed that need a design decision (not fixed).
+
+Each test states the behaviour a user would expect and is marked ``xfail(strict=True)``:
+it fails today, and the suite goes red (XPASS) on the day the behaviour is fixed, so
+the marker is removed with the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import pytest
+from lg_testing import Backend, HTTPError, VirtualClock
+
+import loop_governor as lg
+from loop_governor.breaker import BreakerState
+
+_TPM = lg.GovernorConfig(models={"openai": lg.ModelPolicy(rpm=500, tpm=200_000)})  # the README's example
+
+
+def _model(
+    clock: VirtualClock, sent: list[float], prompt_tokens: int, latency: float = 1.0
+) -> Callable[[object], dict[str, object]]:
+    def call(_messages: object) -> dict[str, object]:
+        sent.append(clock())
+        clock.advance(latency)
+        return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 100}}
+
+    return call
+
+
+@pytest.mark.xfail(
+    strict=True, reason="a token-limit wait over retry_max_delay refuses the call (default token burst = 10 s)"
+)
+def test_a_model_call_over_its_token_limit_waits_its_turn(clock: VirtualClock) -> None:
+    """200k TPM allows a 33k-token prompt every 10 s: the second call should wait ~9 s,
+    not fail the run with TransientError('over its shared rate limit')."""
+    gov = lg.Governor(_TPM, clock=clock, sleep=clock.sleep)
+    sent: list[float] = []
+    with gov.task("agent"):
+        for _ in range(3):
+            gov.call_model("openai:gpt-4o", _model(clock, sent, 33_000), "m", estimated_tokens=33_000)
+    assert len(sent) == 3
+
+
+@pytest.mark.xfail(strict=True, reason="a request above the token burst is charged only the burst")
+def test_large_prompts_stay_within_the_token_limit(clock: VirtualClock) -> None:
+    gov = lg.Governor(_TPM.model_copy(update={"retry_max_delay": 60.0}), clock=clock, sleep=clock.sleep)
+    sent: list[float] = []
+    for _ in range(4):
+        gov.call_model("openai:gpt-4o", _model(clock, sent, 60_000), "m", estimated_tokens=60_000)
+    minutes = (sent[-1] - sent[0]) / 60
+    assert 60_000 * (len(sent) - 1) / minutes <= 200_000  # measured: 360k tokens/min
+
+
+@pytest.mark.xfail(strict=True, reason="a cancelled probe stays in flight until it goes stale (one cooldown)")
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, asyncio.CancelledError])
+def test_a_cancelled_probe_hands_the_probe_back(clock: VirtualClock, interrupt: type[BaseException]) -> None:
+    config = lg.GovernorConfig(breaker_failure_threshold=1, breaker_cooldown_s=60, retry_max_attempts=1)
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    with pytest.raises(lg.TransientError):
+        gov.call("svc", Backend(forever=HTTPError(503)))
+    clock.advance(61)
+
+    def cancelled() -> str:
+        raise interrupt
+
+    with pytest.raises(interrupt):
+        gov.call("svc", cancelled)  # admitted as the probe, then cancelled: no verdict
+    assert gov.store.breaker_get("svc").state is not BreakerState.HALF_OPEN  # else: refused for 60 s more
+    assert gov.call("svc", Backend()) == "ok"
+
+
+@pytest.mark.xfail(strict=True, reason="known-bad memory outlives the cause; escalation now ends the run on it")
+def test_a_call_retried_after_the_model_fixed_its_cause_runs_again(gov: lg.Governor) -> None:
+    files: dict[str, str] = {}
+
+    def read_file(path: str) -> str:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return files[path]
+
+    def write_file(path: str, text: str) -> str:
+        files[path] = text
+        return f"wrote {len(text)} bytes"
+
+    with gov.task("fix-then-retry"):
+        with pytest.raises(lg.PermanentError):
+            gov.call("read_file", read_file, "config.yaml")
+        gov.call("write_file", write_file, "config.yaml", "debug: true\n")  # the model fixed it
+        assert gov.call("read_file", read_file, "config.yaml") == "debug: true\n"
+
+
+@pytest.mark.xfail(strict=True, reason="a walk whose empty answer echoes the page number never repeats exactly")
+def test_paging_through_empty_pages_that_echo_the_page_is_stopped(gov: lg.Governor) -> None:
+    def list_orders(customer: str, page: int) -> str:
+        return json.dumps({"customer": customer, "page": page, "orders": []})
+
+    with gov.task("pager"), pytest.raises(lg.NoProgressError):
+        for page in range(1, 30):
+            gov.call("list_orders", list_orders, customer="c-1", page=page)
+
+
+@pytest.mark.xfail(strict=True, reason="the no-progress guard counts identical answers to different questions")
+def test_a_batch_of_lookups_with_the_same_answer_is_not_a_loop(gov: lg.Governor) -> None:
+    def order_status(order_id: str) -> str:
+        return "Status: delivered (signed for at the front desk)"
+
+    with gov.task("batch"):
+        for order_id in ("A-17", "B-22", "C-9", "D-41", "E-3", "F-8"):
+            gov.call("order_status", order_status, order_id)

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from loop_governor.fingerprint import Fingerprint, args_signature, result_text
 from loop_governor.keys import call_key
 
 if TYPE_CHECKING:
@@ -85,6 +86,9 @@ class Call:
     usage: Usage | None = None
     fallback_from: str | None = None
     next_fallback = 0
+    warned = False  # a guard already told the model about this call (one note per result)
+    _fingerprint: Fingerprint | None = None
+    _args_sig: tuple[int, int] | None = None
 
     def __init__(
         self,
@@ -117,6 +121,22 @@ class Call:
     @key.setter
     def key(self, value: str) -> None:
         self._key = value
+
+    def fingerprint(self, result: Any) -> Fingerprint | None:
+        """The call's result as the loop guards compare it (computed once per call)."""
+        if self._fingerprint is None:
+            text = result_text(result)
+            if text is None:
+                return None
+            self._fingerprint = Fingerprint(text)
+        return self._fingerprint
+
+    @property
+    def args_signature(self) -> tuple[int, int]:
+        """Normalized arguments, walking ones masked (see :mod:`loop_governor.fingerprint`)."""
+        if self._args_sig is None:
+            self._args_sig = args_signature(self.args, self.kwargs)
+        return self._args_sig
 
     @property
     def key_if_known(self) -> str | None:

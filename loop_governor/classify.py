@@ -712,13 +712,14 @@ _NORMALIZERS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
-def normalize_message(message: str) -> str:
+def normalize_message(message: str, limit: int | None = 1000) -> str:
     """Replace the parts of an error message that vary between occurrences of one fault.
 
     Two failures that differ only in a request id, a timestamp, a path or a number get
-    the same text, so "same tool, same error, again" is recognizable.
+    the same text, so "same tool, same error, again" is recognizable. ``limit``: the
+    characters looked at (signatures need only the head; the loop guards pass None).
     """
-    text = message[:1000]
+    text = message if limit is None else message[:limit]
     for pattern, repl in _NORMALIZERS:
         text = pattern.sub(repl, text)
     return text.strip()

@@ -45,6 +45,9 @@ class ToolPolicy(BaseModel):
     rate_limit_per_s: float | None = Field(default=None, gt=0)
     rate_burst: int | None = Field(default=None, ge=1)
     max_calls: int | None = Field(default=None, ge=1, description="calls of this tool per task (hard stop)")
+    escalation_repeats: int | None = Field(
+        default=None, ge=1, description="after the model was told to stop repeating, this many more end the task"
+    )
 
 
 class ModelPolicy(BaseModel):
@@ -100,6 +103,7 @@ class ResolvedPolicy:
         "base_delay",
         "breaker",
         "burst",
+        "escalation_repeats",
         "jitter",
         "max_attempts",
         "max_calls",
@@ -127,6 +131,8 @@ class ResolvedPolicy:
         )
         self.unknown_error: ErrorClass = o.unknown_error or config.unknown_error
         self.max_calls: int | None = o.max_calls if isinstance(o, ToolPolicy) else None
+        own = o.escalation_repeats if isinstance(o, ToolPolicy) else None
+        self.escalation_repeats: int = own or config.escalation_repeats
         self.tokens_per_s: float | None = None
         self.token_burst: float = 1.0
         if isinstance(o, ModelPolicy):
@@ -173,6 +179,14 @@ class GovernorConfig(BaseSettings):
     max_wall_s: float | None = Field(default=None, gt=0, description="wall-clock seconds per task")
     prices: dict[str, ModelPrice] = Field(default_factory=dict, description='per model; "default" for others')
     no_progress_threshold: int = Field(default=3, ge=2, description="same non-trivial result N times in a row")
+    escalation_repeats: int = Field(
+        default=2,
+        ge=1,
+        description="every soft signal has a hard follow-up: after the model was told (a known-bad call, a "
+        "repeated error, an open breaker, a rate limit, no progress, a cycle), this many more attempts at the "
+        "same thing end the task with NoProgressError",
+    )
+    cycle_detection: bool = Field(default=True, description="stop periodic repeats of (tool, args, result)")
     trivial_result_chars: int = Field(default=10, ge=0, description="results this short never count as no-progress")
     rate_limit_per_s: float | None = Field(default=None, gt=0, description="per tool, shared through the store")
     rate_burst: int | None = Field(default=None, ge=1)

@@ -30,7 +30,9 @@ from loop_governor.checkpointing import Checkpointing, RunStop
 from loop_governor.classify import ErrorInfo, Rule
 from loop_governor.compaction import Compaction
 from loop_governor.config import GovernorConfig, ResolvedPolicy
+from loop_governor.cycles import Cycles
 from loop_governor.errors import AgentToolError, CircuitOpenError, FatalError, GovernedError
+from loop_governor.escalation import Escalation
 from loop_governor.events import Subscriber, call_context
 from loop_governor.known_bad import KnownBad
 from loop_governor.outcome import circuit_open
@@ -100,13 +102,15 @@ class Governor:
             rt,
             [
                 Report(rt),
-                RunStop(rt),
                 *resume,
                 KnownBad(rt),
                 budget.TaskBudget(rt),
                 budget.TokenBudget(rt),
                 RepeatedErrors(rt),
+                Escalation(rt),
                 NoProgress(rt),
+                *([Cycles(rt)] if rt.config.cycle_detection else []),
+                RunStop(rt),  # last: whatever stopped the run, its checkpoint is saved
             ],
             [Breaker(rt), budget.RetryBudget(rt), RateLimit(rt), Compaction()],
         )

@@ -15,39 +15,30 @@ identical call with the identical result.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.checkpointing import stop_run
 from loop_governor.errors import ErrorType, GovernedError, NoProgressError
+from loop_governor.fingerprint import Fingerprint, result_text
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
 
+__all__ = ["NOTE", "OK", "NoProgress", "ProgressGuard", "Verdict", "annotate", "ends_text", "result_text"]
+
 NOTE = (
     "[loop-governor] {tool} returned the same result {count} times in a row: its verdict has not "
-    "changed. Stop revising and give your final answer now."
+    "changed. Stop revising and give your final answer now; {ends}."
 )
 
 
-def result_text(result: Any) -> str | None:
-    """The text a model reads from a tool result, or None when there is none to compare.
-
-    Duck-typed so the core needs no framework: a ``str``, an object with a ``str``
-    ``.content`` (a LangChain ``ToolMessage``), or a mapping with a ``"content"`` string.
-    """
-    if isinstance(result, str):
-        return result
-    content = getattr(result, "content", None)
-    if isinstance(content, str):
-        return content
-    if isinstance(result, dict):
-        value = result.get("content")
-        if isinstance(value, str):
-            return value
-    return None
+def ends_text(remaining: int, what: str = "repeat", whats: str | None = None) -> str:
+    """The plain sentence every warning carries: how many more repeats end the task."""
+    if remaining <= 1:
+        return f"the next {what} ends the task"
+    return f"{remaining} more {whats or what + 's'} end the task"
 
 
 def annotate(result: Any, note: str) -> Any:
@@ -65,11 +56,15 @@ def annotate(result: Any, note: str) -> Any:
 
 @dataclass(slots=True)
 class Verdict:
-    """What the guard concluded about one result: nothing, warn the model, or stop."""
+    """What a guard concluded about one step: nothing, warn the model, or stop.
+
+    ``remaining``: how many more repeats the model has before the stop (for the warning).
+    """
 
     action: str  # "ok" | "warn" | "stop"
     reason: str = ""
     count: int = 0
+    remaining: int = 0
 
 
 OK = Verdict("ok")
@@ -79,7 +74,7 @@ _MARKUP = re.compile(r"</?[A-Za-z_][\w\-]{0,40}/?>")
 _NOISE = re.compile(r"[\W_]+")
 
 
-def _is_trivial(text: str, limit: int) -> bool:
+def is_trivial(text: str, limit: int) -> bool:
     """True for results with (almost) no information: an empty output or a bare exit code,
     also when a harness wraps them (``<returncode>0</returncode><output></output>``)."""
     if len(text) > 20 * limit + 200:
@@ -90,66 +85,94 @@ def _is_trivial(text: str, limit: int) -> bool:
 
 @dataclass(slots=True)
 class ProgressGuard:
-    """Per-task streaks: identical results per tool, identical call+result pairs.
+    """Per-task, per-tool streaks of the same (normalized) result.
 
-    In-process and cheap on the success path: results are compared by ``hash(str)``
-    (cached by CPython), and the call key (canonical JSON + digest) is computed only when
-    a result repeats the previous one.
+    A critic that is never satisfied answers with the same verdict round after round,
+    its score or timestamp aside: results are compared as :class:`Fingerprint` s (digits
+    and ids normalized). Trivial results (an empty output, a bare exit code) never count:
+    successful coding agents repeat those. At ``threshold`` the model is warned; ``then``
+    more identical verdicts stop the run.
     """
 
     threshold: int = 3
     trivial_chars: int = 10
-    _by_tool: dict[str, tuple[int, int]] = field(default_factory=dict)
-    _last_hash: int | None = None
-    _last_key_fn: Callable[[], str] | None = None
-    _last_key: str | None = None
-    _call_streak: int = 0
-    _warned: set[str] = field(default_factory=set)
+    then: int = 2
+    _by_tool: dict[str, tuple[Fingerprint, int, tuple[Any, tuple[int, int] | None]]] = field(default_factory=dict)
 
-    def observe(self, tool: str, text: str | None, key_fn: Callable[[], str]) -> Verdict:
-        """Feed one successful tool result; returns what to do about it."""
-        if text is None:
+    def observe(
+        self,
+        tool: str,
+        result: str | Fingerprint | None,
+        then: int | None = None,
+        args: Any = None,
+        signature: tuple[int, int] | None = None,
+    ) -> Verdict:
+        """Feed one successful tool result (the arguments it answered, and their
+        :func:`~loop_governor.fingerprint.args_signature`); returns what to do about it."""
+        if result is None:
             return OK
-        digest = hash(text)
-        # Identical call + identical result, consecutive in the task (crewAI's
-        # REPEATED_CALL, generalized): the model keeps asking the same question.
-        if digest == self._last_hash and self._last_key_fn is not None:
-            if self._last_key is None:
-                self._last_key = self._last_key_fn()
-            key = key_fn()
-            self._call_streak = self._call_streak + 1 if key == self._last_key else 1
-            self._last_key = key
-        else:
-            self._call_streak = 1
-            self._last_key = None
-        self._last_hash, self._last_key_fn = digest, key_fn
+        fp = result if isinstance(result, Fingerprint) else Fingerprint(result)
         by_tool = self._by_tool
         prev = by_tool.get(tool)
-        if prev is None or prev[0] != digest:
-            by_tool[tool] = (digest, 1)  # a new result: no streak (triviality doesn't matter yet)
-            streak = 1
-        elif _is_trivial(text, self.trivial_chars):
-            del by_tool[tool]  # "0" again after "0": an exit code, not a verdict
-            streak = 0
-        else:
-            streak = prev[1] + 1
-            by_tool[tool] = (digest, streak)
-        return self._judge(tool, max(streak, self._call_streak))
-
-    def _judge(self, tool: str, count: int) -> Verdict:
-        if count < self.threshold:
-            if self._warned:
-                self._warned.discard(tool)
+        if prev is None or not _same_verdict(fp, args, signature, prev):
+            by_tool[tool] = (fp, 1, (args, signature))  # a new verdict: no streak (triviality doesn't matter yet)
             return OK
-        if tool not in self._warned:
-            self._warned.add(tool)
-            return Verdict("warn", "no_progress", count)
-        return Verdict("stop", "no_progress", count)
+        if is_trivial(fp.text, self.trivial_chars):
+            del by_tool[tool]  # "0" again after "0": an exit code, not a verdict
+            return OK
+        streak = prev[1] + 1
+        by_tool[tool] = (fp, streak, (args, signature))
+        if streak < self.threshold:
+            return OK
+        limit = self.then if then is None else then
+        over = streak - self.threshold  # repeats since the warning
+        if over >= limit:
+            return Verdict("stop", "no_progress", streak)
+        return Verdict("warn" if over == 0 else "repeat", "no_progress", streak, limit - over)
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def _numbers(args: Any) -> frozenset[str]:
+    return frozenset(_NUMBER.findall(repr(args)[:4000]))
+
+
+def _same_verdict(
+    fp: Fingerprint, args: Any, signature: tuple[int, int] | None, prev: tuple[Fingerprint, int, Any]
+) -> bool:
+    """Whether a result repeats the tool's previous one: equal but for numbers, unless
+    those numbers are the ones the arguments asked for; for a call that only walked on
+    (another page of the same query), equal outright."""
+    before, _, (prev_args, prev_signature) = prev
+    if not fp.same_as(before, full=False):
+        return False
+    if signature is not None and prev_signature is not None and signature[0] == prev_signature[0]:
+        if signature[1] != prev_signature[1]:
+            return fp.text == before.text  # a new page with new ids is progress
+    return not _echoes(fp, args, before, prev_args)
+
+
+def _echoes(fp: Fingerprint, args: Any, prev: Fingerprint, prev_args: Any) -> bool:
+    """Whether two results that differ only in numbers differ in numbers their own
+    arguments carry: "item 4 done" for item 4 after "item 3 done" for item 3 is progress
+    through a batch, while a verdict whose score alone moves is not.
+
+    Asked only when the cheap comparison found the results equal but the texts differ.
+    """
+    if fp.text == prev.text or args is None or prev_args is None:
+        return False
+    mine, theirs = _numbers(args), _numbers(prev_args)
+
+    def refined(text: str, keep: frozenset[str]) -> str:
+        return _NUMBER.sub(lambda m: m.group() if m.group() in keep else "#", text[:4096])
+
+    return refined(fp.text, mine) != refined(prev.text, theirs)
 
 
 class NoProgress(Policy):
     """Feeds each successful tool result to the task's :class:`ProgressGuard`: warns the
-    model once in the result, then stops the run if the verdict still does not change."""
+    model in the result, then stops the run if the verdict still does not change."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
@@ -161,12 +184,20 @@ class NoProgress(Policy):
         scope = call.scope
         assert scope is not None
         tool = call.name
-        verdict = scope.progress.observe(tool, result_text(result), lambda: call.key)
+        verdict = scope.progress.observe(
+            tool,
+            call.fingerprint(result),
+            call.policy.escalation_repeats,
+            (call.args, call.kwargs),
+            call.args_signature,
+        )
         if verdict is OK:
             return result
         self.rt.events.emit("no_progress", tool=tool, count=verdict.count, action=verdict.action)
-        if verdict.action == "warn":
-            return annotate(result, NOTE.format(tool=tool, count=verdict.count))
+        if verdict.action != "stop":
+            call.warned = True
+            ends = ends_text(verdict.remaining, "identical verdict")
+            return annotate(result, NOTE.format(tool=tool, count=verdict.count, ends=ends))
         info = GovernedError(
             error_type=ErrorType.FATAL,
             tool=tool,

@@ -37,6 +37,7 @@ class TaskScope:
         "checkpoint",
         "checkpoint_lock",
         "cost",
+        "cycles",
         "governor",
         "known_bad",
         "model_calls",
@@ -47,6 +48,7 @@ class TaskScope:
         "steps",
         "task_id",
         "tokens",
+        "told",
         "tool_calls",
     )
 
@@ -67,7 +69,12 @@ class TaskScope:
         self.tokens = 0
         self.cost = 0.0
         config = governor.config
-        self.progress = ProgressGuard(config.no_progress_threshold, config.trivial_result_chars)
+        self.progress = ProgressGuard(
+            config.no_progress_threshold, config.trivial_result_chars, config.escalation_repeats
+        )
+        self.cycles: Any = None  # cycles.CycleTracker, made on first use
+        # escalation: what the model was told not to repeat -> repeats since
+        self.told: dict[tuple[str, str], int] = {}
         self._token: Token[TaskScope | None] | None = None
 
     # Both context-manager protocols: ``with g.task(...)`` and ``async with g.task(...)``.

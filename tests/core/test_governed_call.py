@@ -47,7 +47,12 @@ def test_permanent_is_not_retried_and_becomes_known_bad(gov: lg.Governor) -> Non
         with pytest.raises(lg.PermanentError) as second:
             gov.call("fetch_doc", backend, doc=42)
         assert backend.calls == 1  # the identical call did not run again
-        assert first.value.info.to_model_text() == second.value.info.to_model_text()
+        # the same outcome; only the advice counts down to the stop (issue 16)
+        assert first.value.info.model_copy(update={"advice": None}) == second.value.info.model_copy(
+            update={"advice": None}
+        )
+        assert "2 more identical calls end the task" in (first.value.info.advice or "")
+        assert "the next identical call ends the task" in (second.value.info.advice or "")
         with pytest.raises(lg.PermanentError):
             gov.call("fetch_doc", backend, doc=43)  # other arguments do run
         assert backend.calls == 2

@@ -24,28 +24,39 @@ def test_never_satisfied_critic_is_warned_once_then_stopped(gov: lg.Governor) ->
         with pytest.raises(lg.NoProgressError) as err:
             for round_ in range(100):  # a model that would go on forever
                 seen.append(gov.call("critic", critic, f"draft {round_}"))
-    assert len(calls) == 4
+    assert len(calls) == 5  # warned at the 3rd identical verdict; 2 more end the task
     assert seen[:2] == [VERDICT, VERDICT]
     assert "verdict has not changed" in seen[2] and "final answer" in seen[2]
+    assert "2 more identical verdicts end the task" in seen[2]
+    assert "the next identical verdict ends the task" in seen[3]
     assert isinstance(err.value, lg.FatalError) and isinstance(err.value, lg.LoopDetectedError)
     assert err.value.partial_results == ["draft 0"]
 
 
+def test_a_verdict_that_changes_only_a_number_or_time_is_no_progress(gov: lg.Governor) -> None:
+    verdicts = iter(f"score {6 + i % 3}/10 at 12:0{i}:0{i}: the conclusion is still weak" for i in range(100))
+    with gov.task("t"), pytest.raises(lg.NoProgressError) as err:
+        for round_ in range(100):
+            gov.call("critic", lambda draft: next(verdicts), f"draft {round_}")
+    assert err.value.info.code == "no_progress" and err.value.info.count == 5
+
+
 def test_changing_verdicts_and_trivial_results_are_progress(gov: lg.Governor) -> None:
     with gov.task("t"):
+        words = "citations tone structure length examples sources figures spelling grammar intro".split()
         for i in range(10):
-            gov.call("critic", lambda d: f"issue number {d} remains", i)  # different every time
-        for _ in range(10):
-            assert gov.call("sed", lambda: "0") == "0"  # a bare exit code: trivial
-            assert gov.call("noop", lambda: "") == ""
+            gov.call("critic", lambda d: f"the {words[d]} needs work", i)  # a new verdict every time
+        for i in range(10):
+            assert gov.call("sed", lambda f: "0", f"file{i}.py") == "0"  # edits: a bare exit code, trivial
+            assert gov.call("noop", lambda f: "", f"file{i}.py") == ""
 
 
 def test_identical_call_with_identical_result_repeated(gov: lg.Governor) -> None:
     backend = Backend()
-    with gov.task("t"), pytest.raises(lg.NoProgressError):
+    with gov.task("t"), pytest.raises(lg.NoProgressError) as err:
         for _ in range(10):
             gov.call("ls", backend, "/tmp")
-    assert backend.calls == 4
+    assert backend.calls == 5 and err.value.info.code == "cycle"  # warned at the 3rd, 2 more end it
 
 
 def test_guard_is_per_task(gov: lg.Governor) -> None:
@@ -64,8 +75,8 @@ def test_progress_guard_annotates_message_like_results() -> None:
             return Msg(update["content"])
 
     guard = ProgressGuard()
-    verdicts = [guard.observe("critic", VERDICT, lambda: "k") for _ in range(4)]
-    assert [v.action for v in verdicts] == ["ok", "ok", "warn", "stop"]
+    verdicts = [guard.observe("critic", VERDICT) for _ in range(5)]
+    assert [v.action for v in verdicts] == ["ok", "ok", "warn", "repeat", "stop"]
     from loop_governor.progress import annotate
 
     original = Msg("x")

@@ -73,7 +73,7 @@ def test_governed_beats_crewai_alone_on_react(kit: Any, governor: lg.Governor) -
 def test_404_reaches_backend_once(kit: Any, native: bool, governor: lg.Governor) -> None:
     backend = kit.Backend(status=404, message="no such page")
     same = kit.ToolStep("search_docs", {"query": "missing"})
-    llm = kit.ScriptedLLM(model="scripted", native=native, script=[same, same, same, kit.Final("gave up on it")])
+    llm = kit.ScriptedLLM(model="scripted", native=native, script=[same, same, kit.Final("gave up on it")])
     crew = kit.make_crew(llm, [govern_tool(kit.SearchTool(backend), governor)])
 
     with install(governor):
@@ -89,14 +89,14 @@ def test_404_reaches_backend_once(kit: Any, native: bool, governor: lg.Governor)
 def test_404_without_install_in_explicit_task_scope(kit: Any, governor: lg.Governor) -> None:
     backend = kit.Backend(status=404)
     same = kit.ToolStep("search_docs", {"query": "missing"})
-    llm = kit.ScriptedLLM(model="scripted", native=True, script=[same, same, same, kit.Final("done")])
+    llm = kit.ScriptedLLM(model="scripted", native=True, script=[same, same, kit.Final("done")])
     crew = kit.make_crew(llm, [govern_tool(kit.SearchTool(backend), governor)])
 
     with governor.task("crew-run-1"):
         assert crew.kickoff().raw == "done"
 
     assert backend.count == 1
-    assert [e["type"] for e in kit.governed_errors(llm)] == ["permanent"] * 3
+    assert [e["type"] for e in kit.governed_errors(llm)] == ["permanent"] * 2
 
 
 @pytest.mark.parametrize("mode", ["kickoff", "kickoff_async", "akickoff"])

@@ -88,16 +88,19 @@ def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(mode: str, lc: An
     backend = lc.Backend([503], forever=True)
     model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 10, lambda i: {"url": f"https://x/page/{i}"}))
     agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
-    result = run_agent(agent, mode)
+    with pytest.raises(lg.NoProgressError) as stopped:
+        run_agent(agent, mode)
 
-    assert result["messages"][-1].content == "done"
     assert len(backend.calls) <= 8
-    errors = errors_in(result["messages"])
-    assert len(errors) == 10  # every one of the model's 10 calls got an answer
+    # the model was told the tool is unavailable (circuit open) and what a repeat would do;
+    # it kept calling, so the run ended instead of spending the rest of its 10 calls
+    assert stopped.value.info.code == "repeated_refusal"
+    errors = errors_in(model.prompts[-1])
+    assert any(e.get("code") == "circuit_open" for e in errors)
     last = errors[-1]
     assert last["retryable"] is False
-    assert "fetch_page" in last["advice"]  # the model is told why and what to do instead
-    assert any(e.get("code") == "circuit_open" for e in errors)
+    assert "fetch_page" in last["advice"] and "ends the task" in last["advice"]
+    assert len(model.prompts) < 10
 
 
 @MODES

@@ -1,0 +1,151 @@
+"""Cycles: periodic repetition of (tool, arguments, result), period 1 to 4, across the task.
+
+A model that ignores the governor's text does not always repeat one call: it
+ping-pongs between two tools whose results never change (A-B-A-B), walks a three-step
+routine again and again (A-B-C-A-B-C), or pages through a collection whose every page
+comes back the same (even empty). Each step is a token -- the tool, its normalized
+arguments (walking ones such as ``page`` masked) and its normalized result (or the
+error signature of a failure) -- and a cycle is the last block of ``p`` tokens repeating
+the one before it: three identical steps for ``p = 1``, two full blocks for ``p >= 2``.
+Results must repeat too, so a loop that makes progress (new results) is never a cycle.
+
+The model is warned once, in the result it reads; ``escalation_repeats`` more steps of
+the same cycle end the run with :class:`~loop_governor.errors.NoProgressError`.
+The check is O(1) a call: one running match count per period.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from loop_governor.call import TOOL, Call, Policy
+from loop_governor.checkpointing import stop_run
+from loop_governor.errors import AgentToolError, ErrorType, FatalError, GovernedError, NoProgressError
+from loop_governor.fingerprint import Fingerprint
+from loop_governor.progress import OK, Verdict, annotate, ends_text
+
+if TYPE_CHECKING:
+    from loop_governor.runtime import Runtime
+
+PERIODS = (1, 2, 3, 4)
+_HISTORY = 2 * PERIODS[-1]
+NOTE = (
+    "[loop-governor] your recent tool calls repeat earlier ones ({cycle}) with the same results: this is a "
+    "loop and it is not making progress. Do something different or give your final answer; {ends}."
+)
+
+
+def _cycle(period: int) -> str:
+    return "the same call again" if period == 1 else f"a cycle of {period} calls"
+
+
+class CycleTracker:
+    """Per-task: the last steps and, per period, how many steps in a row matched."""
+
+    __slots__ = ("_history", "_period", "_runs", "_since")
+
+    def __init__(self) -> None:
+        self._history: list[tuple[str, tuple[int, int], Fingerprint]] = []
+        self._runs = [0] * (PERIODS[-1] + 1)
+        self._period = 0  # the cycle the model was warned about (0: none)
+        self._since = 0  # its steps since the warning
+
+    def push(self, tool: str, args: tuple[int, int], result: Fingerprint, then: int) -> Verdict:
+        history, runs = self._history, self._runs
+        n = len(history)
+        for p in PERIODS:
+            runs[p] = runs[p] + 1 if n >= p and _same_step(history[-p], tool, args, result) else 0
+        history.append((tool, args, result))
+        if n + 1 > _HISTORY:
+            del history[0]
+        period = next((p for p in PERIODS if runs[p] >= (2 if p == 1 else p)), 0)
+        if not period:
+            self._period = self._since = 0
+            return OK
+        if not self._period:
+            self._period, self._since = period, 0
+            return Verdict("warn", "cycle", period, then)
+        self._since += 1
+        if self._since >= then:
+            return Verdict("stop", "cycle", self._period)
+        return Verdict("repeat", "cycle", self._period, then - self._since)
+
+
+def _same_step(
+    step: tuple[str, tuple[int, int], Fingerprint], tool: str, args: tuple[int, int], result: Fingerprint
+) -> bool:
+    t, a, r = step
+    if t != tool or a[0] != args[0]:
+        return False
+    if a[1] == args[1]:
+        return result.same_as(r)  # the same call: the same result after normalization
+    # a call that only walked on (another page): no progress if it got the very same answer
+    # (normalized, "order 12" and "order 14" would look alike: a new page of new orders)
+    return result.text == r.text
+
+
+class Cycles(Policy):
+    """Feeds every tool call's outcome to the task's :class:`CycleTracker`."""
+
+    kinds = frozenset({TOOL})
+    __slots__ = ("rt",)
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def _verdict(self, call: Call, result: Fingerprint) -> Verdict:
+        scope = call.scope
+        assert scope is not None
+        tracker: CycleTracker | None = scope.cycles
+        if tracker is None:
+            tracker = scope.cycles = CycleTracker()
+        return tracker.push(call.name, call.args_signature, result, call.policy.escalation_repeats)
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        fp = call.fingerprint(result)
+        if fp is None:
+            return result
+        verdict = self._verdict(call, fp)
+        if verdict is OK:
+            return result
+        self._report(call, verdict)
+        if verdict.action == "stop":
+            raise self._stop(call, verdict)
+        if call.warned:
+            return result  # the no-progress note already said it
+        return annotate(result, NOTE.format(cycle=_cycle(verdict.count), ends=_ends(verdict)))
+
+    def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
+        if isinstance(error, FatalError):
+            return error
+        verdict = self._verdict(call, Fingerprint(f"\x00error\x00{error.info.signature}"))
+        if verdict is OK:
+            return error
+        self._report(call, verdict)
+        if verdict.action == "stop":
+            return self._stop(call, verdict)
+        if call.warned:
+            return error
+        info = error.info
+        advice = f"{info.advice or ''} This call is part of a loop; {_ends(verdict)}.".strip()
+        return type(error)(info.model_copy(update={"advice": advice}))
+
+    def _report(self, call: Call, verdict: Verdict) -> None:
+        self.rt.events.emit("cycle", tool=call.name, period=verdict.count, action=verdict.action)
+
+    def _stop(self, call: Call, verdict: Verdict) -> AgentToolError:
+        info = GovernedError(
+            error_type=ErrorType.FATAL,
+            tool=call.name,
+            code="cycle",
+            message=f"the tool calls kept repeating {_cycle(verdict.count)} with the same results after the "
+            "model was told",
+            signature=f"{call.name}:NoProgressError:cycle",
+            advice="the loop stopped making progress: stop and report what was done",
+            count=verdict.count,
+        )
+        return stop_run(self.rt, call.scope, NoProgressError(info))
+
+
+def _ends(verdict: Verdict) -> str:
+    return ends_text(verdict.remaining)

@@ -1,0 +1,116 @@
+"""Escalation: every soft signal the model gets has a hard follow-up.
+
+The governor tells the model things in text -- "do not repeat this call", "this tool
+keeps failing the same way", "this tool is unavailable", "this tool is rate limited" --
+and a model may ignore text: trackers of other frameworks have reports of models
+repeating a refused call hundreds of times. So each of those signals is remembered per
+task with what it was about, and after the model has been told, ``escalation_repeats``
+more attempts at the same thing (default 2, per tool ``ToolPolicy(escalation_repeats=)``)
+end the run with :class:`~loop_governor.errors.NoProgressError` (a ``FatalError``: the
+checkpoint is saved, the partial results come with it). The text says so plainly from
+the first time ("2 more identical calls end the task").
+
+What "the same thing" is, per signal:
+
+* a permanent failure (then its known-bad replays): the identical call;
+* the repeated-error guard's ``LoopDetectedError``: the tool + error signature;
+* an open breaker's refusal: the tool, while its breaker is open;
+* a shared rate limit's refusal: the tool, while it is over its limit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from loop_governor.call import TOOL, Call, Policy
+from loop_governor.errors import (
+    AgentToolError,
+    CircuitOpenError,
+    ErrorType,
+    FatalError,
+    GovernedError,
+    LoopDetectedError,
+    NoProgressError,
+)
+from loop_governor.progress import ends_text
+
+if TYPE_CHECKING:
+    from loop_governor.runtime import Runtime
+
+# what the model was told about -> (a repeat, repeats, the stop's code)
+_SUBJECTS = {
+    "call": ("identical call", "identical calls", "repeated_failure"),
+    "signature": ("call failing the same way", "calls failing the same way", "repeated_failure"),
+    "breaker": ("call while it is unavailable", "calls while it is unavailable", "repeated_refusal"),
+    "rate": ("call while it is rate limited", "calls while it is rate limited", "repeated_refusal"),
+}
+
+
+def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] | None:
+    """What this outcome is about, and whether it repeats something the model was told
+    (True) or tells it for the first time (False); None when it is no soft signal."""
+    reason = call.stop_reason
+    if not call.attempt:  # refused before the call ran
+        if reason == "known_bad":
+            return ("call", call.key), True
+        if reason == "breaker" or isinstance(error, CircuitOpenError):
+            return ("breaker", call.name), False
+        if reason == "rate_limited":
+            return ("rate", call.name), False
+        return None
+    if isinstance(error, LoopDetectedError):
+        return ("signature", error.info.signature), False
+    if error.info.error_type is ErrorType.PERMANENT:
+        return ("call", call.key), False
+    return None
+
+
+class Escalation(Policy):
+    """Counts what the model was told not to repeat, and stops the run past the limit."""
+
+    kinds = frozenset({TOOL})
+    __slots__ = ("rt",)
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
+        scope = call.scope
+        if scope is None or isinstance(error, FatalError):
+            return error
+        subject = _subject(call, error)
+        if subject is None:
+            return error
+        key, repeat = subject
+        told, limit = scope.told, call.policy.escalation_repeats
+        seen = told.get(key)
+        if seen is None and not repeat:
+            told[key] = 0  # told now: the text says what a repeat will do
+            return self._warn(call, error, key, limit)
+        count = told[key] = (seen or 0) + 1
+        if count >= limit:
+            return self._stop(call, error, key, count)
+        return self._warn(call, error, key, limit - count)
+
+    def _warn(self, call: Call, error: AgentToolError, key: tuple[str, str], remaining: int) -> AgentToolError:
+        what, whats, _ = _SUBJECTS[key[0]]
+        self.rt.events.emit("escalation", tool=call.name, subject=key[0], action="warn", remaining=remaining)
+        call.warned = True
+        info = error.info
+        advice = f"{info.advice or ''}; {ends_text(remaining, what, whats)}".lstrip("; ")
+        return type(error)(info.model_copy(update={"advice": advice}))
+
+    def _stop(self, call: Call, error: AgentToolError, key: tuple[str, str], count: int) -> AgentToolError:
+        _, whats, code = _SUBJECTS[key[0]]
+        self.rt.events.emit("escalation", tool=call.name, subject=key[0], action="stop", count=count)
+        info = GovernedError(
+            error_type=ErrorType.FATAL,
+            tool=call.name,
+            code=code,
+            message=f"the model made {count} more {whats} to {call.name} after being told not to "
+            f"({error.info.message})",
+            signature=f"{call.name}:NoProgressError:{code}",
+            advice="the loop ignored the governor's advice: stop and report what was done",
+            count=count,
+        )
+        return NoProgressError(info)

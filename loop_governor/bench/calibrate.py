@@ -114,7 +114,7 @@ def tool_results(messages: Sequence[dict[str, Any]]) -> list[Result]:
             for call in raw if isinstance(raw, list) else []:
                 if not isinstance(call, dict):
                     continue
-                fn = call.get("function") if isinstance(call.get("function"), dict) else call
+                fn = call["function"] if isinstance(call.get("function"), dict) else call
                 name = str(fn.get("name", "?"))
                 calls[str(call.get("id", ""))] = (name, _parse(fn.get("arguments", fn.get("args"))))
         elif role == "tool":

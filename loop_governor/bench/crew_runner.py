@@ -60,10 +60,11 @@ from crewai.tools.tool_failure import ToolFailure, ToolFailureReason  # noqa: E4
 from pydantic import BaseModel, PrivateAttr  # noqa: E402
 
 from crewai_governor import govern_tools, install  # noqa: E402
+from loop_governor.bench.determinism import unit_hash  # noqa: E402
 from loop_governor.bench.harness import World  # noqa: E402
 from loop_governor.bench.policy import Answer, decide, model_latency  # noqa: E402
 from loop_governor.bench.provider import COMPLETION_TOKENS, SDK_MAX_RETRIES, sdk_request  # noqa: E402
-from loop_governor.bench.world import ServiceError, TaskSpec, unit_hash  # noqa: E402
+from loop_governor.bench.world import ServiceError, TaskSpec  # noqa: E402
 from loop_governor.context.tokens import approx_tokens  # noqa: E402
 
 # BaseLLM warns on every call of a model without a native token counter.

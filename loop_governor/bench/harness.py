@@ -13,17 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loop_governor.bench.clock import DeadlineExceeded, VirtualClock, participant
+from loop_governor.bench.determinism import CURRENT_TASK, unit_hash
 from loop_governor.bench.policy import OBEDIENT, Behaviour
 from loop_governor.bench.provider import Provider
 from loop_governor.bench.world import (
-    CURRENT_TASK,
     RESTART_DELAY_S,
     TASK_DEADLINE_S,
     Downstream,
     Scenario,
     SimulatedCrash,
     TaskSpec,
-    unit_hash,
 )
 from loop_governor.checkpoint import MemoryCheckpointStore
 from loop_governor.config import GovernorConfig

@@ -23,6 +23,7 @@ the maximum and the mean over ``runs`` seeded worlds. Three settings:
 
 from __future__ import annotations
 
+import functools
 import random
 from statistics import fmean
 from typing import Any
@@ -52,7 +53,9 @@ def _world(seed: int, run: int, jitter: float, error_latency_s: float, threshold
     clock = VirtualClock(0.0)
     outage = window(0.0, OUTAGE_S, lambda: ServiceError(503, f"{SERVICE} unavailable"))
     downstream = Downstream(clock, seed, name, {SERVICE: outage}, error_latency_s=error_latency_s)
-    config = GovernorConfig(retry_jitter=jitter, **({"breaker_failure_threshold": threshold} if threshold else {}))
+    config = GovernorConfig(retry_jitter=jitter)
+    if threshold is not None:
+        config = config.model_copy(update={"breaker_failure_threshold": threshold})
     rng = random.Random(int(unit_hash(seed, name) * 2**32))  # the same draws with and without jitter
     governor = Governor(config, clock=clock, sleep=clock.sleep, asleep=clock.asleep, random=rng.random)
 
@@ -64,7 +67,7 @@ def _world(seed: int, run: int, jitter: float, error_latency_s: float, threshold
             except AgentToolError:
                 pass  # the outcome is the request log
 
-    results = clock.run_concurrently([lambda n=n: task(n) for n in range(TASKS)])
+    results = clock.run_concurrently([functools.partial(task, n) for n in range(TASKS)])
     for _, error in results:
         if error is not None:
             raise RuntimeError("jitter ablation task failed") from error

@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from loop_governor.bench.calibrate import FORMAT, MOVES, POSITIONS
+from loop_governor.bench.determinism import unit_hash
 from loop_governor.bench.world import (
     MODEL_BASE_S,
     MODEL_NOISE_S,
     MODEL_PER_MESSAGE_S,
     RESULT_PREFIX,
     TaskSpec,
-    unit_hash,
     varied,
 )
 

@@ -17,14 +17,14 @@ import contextlib
 import io
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from statistics import fmean
 from typing import Any
 
 from loop_governor.bench import policy, provider, world
 from loop_governor.bench.harness import ARMS, Runner, TaskOutcome, run_world
 from loop_governor.bench.jitter import jitter_ablation
-from loop_governor.bench.world import SCENARIOS
+from loop_governor.bench.world import SCENARIOS, Scenario
 
 FRAMEWORKS: tuple[str, ...] = ("langchain", "crewai")
 
@@ -194,8 +194,25 @@ def settings(calibration: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+COMPARED: tuple[str, ...] = ("tool_calls_per_task", "model_calls_per_task", "prompt_tokens_per_task", "failure_rate")
+"""The metrics on which the governed arm is compared with the better of the other two arms."""
+
+
+def governed_not_best(arms: dict[str, dict[str, Any]], where: dict[str, str]) -> list[dict[str, Any]]:
+    """Each compared metric on which the governed arm is above the better of the other two."""
+    out = []
+    for metric in COMPARED:
+        best_arm = min(("baseline", "builtins"), key=lambda a: arms[a][metric])
+        if arms["governed"][metric] > arms[best_arm][metric]:
+            out.append(
+                {**where, "metric": metric, "governed": arms["governed"][metric], best_arm: arms[best_arm][metric]}
+            )
+    return out
+
+
 def _policy_summary(outcomes: dict[str, dict[str, list[TaskOutcome]]], frameworks: Sequence[str]) -> dict[str, Any]:
-    """Per arm over every scenario, per framework, per scenario (one model policy's outcomes)."""
+    """Per arm over every scenario, per framework, per scenario (one model policy's outcomes),
+    and where the governed arm is not the best."""
     out: dict[str, Any] = {arm: summarize([o for f in frameworks for o in outcomes[f][arm]]) for arm in ARMS}
     out["per_framework"] = {f: {arm: summarize(outcomes[f][arm]) for arm in ARMS} for f in frameworks}
     out["per_scenario"] = {
@@ -204,7 +221,30 @@ def _policy_summary(outcomes: dict[str, dict[str, list[TaskOutcome]]], framework
         }
         for s in SCENARIOS
     }
+    losses = governed_not_best(out, {"framework": "all", "scenario": "all"})
+    for f in frameworks:
+        losses += governed_not_best(out["per_framework"][f], {"framework": f, "scenario": "all"})
+    for name, arms in out["per_scenario"].items():
+        losses += governed_not_best(arms, {"framework": "all", "scenario": name})
+    out["governed_not_best"] = losses
     return out
+
+
+def _shared_world(behaviour: policy.Behaviour, arm: str, scenario: Scenario) -> str:
+    """Which runs of a world give the same outcome whatever the model policy, by construction:
+    they run once and are shared (``make demo`` stays fast).
+
+    * with healthy tools (the provider-fault scenarios) every policy sees only successes,
+      and every policy treats a success alike;
+    * outside the governed arm a model only ever reads plain error strings, and the
+      obedient and stubborn policies read those alike (they differ only on the governor's
+      structured error). ``tests/bench`` checks both against separate runs.
+    """
+    if scenario.provider_fault and not scenario.faults() and not scenario.capacity:
+        return "healthy-tools"
+    if arm != "governed" and behaviour.name in ("obedient", "stubborn"):
+        return "plain-errors"
+    return behaviour.name
 
 
 def run_bench(
@@ -224,13 +264,19 @@ def run_bench(
     }
     for framework in frameworks:
         runner = make_runner(framework)
+        done: dict[tuple[int, str, str, str], list[TaskOutcome]] = {}
         with _quiet_frameworks():
             for behaviour in behaviours:
                 for run_index in range(runs):
                     for scenario in SCENARIOS:
                         for arm in ARMS:
+                            key = (run_index, scenario.name, arm, _shared_world(behaviour, arm, scenario))
+                            if key not in done:
+                                done[key] = run_world(
+                                    runner, arm, scenario, seed, run_index, policy.delivered_in, behaviour
+                                )
                             outcomes[behaviour.name][framework][arm].extend(
-                                run_world(runner, arm, scenario, seed, run_index, policy.delivered_in, behaviour)
+                                replace(o, policy=behaviour.name) for o in done[key]
                             )
                             if progress is not None:
                                 progress(f"{framework} {behaviour.name} {arm} {scenario.name} run {run_index + 1}")

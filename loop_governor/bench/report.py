@@ -68,6 +68,24 @@ def _governed_cell(arms: dict[str, Any], key: str, fmt: Any) -> str:
     return f"[red]{text}[/red]" if worse else f"[green]{text}[/green]"
 
 
+def _policy_rows(arms: dict[str, Any], scope: str) -> list[tuple[str, list[str]]]:
+    """The rows of one policy (and framework): each metric per arm, then the failure rate
+    of the seed's incidents (tool faults) and of the provider faults apart."""
+    rows = [
+        (label, [_cell(arms["baseline"], key, fmt), _cell(arms["builtins"], key, fmt), _governed_cell(arms, key, fmt)])
+        for label, key, fmt in _POLICY_ROWS
+    ]
+    for fault, label in (("tool", "failed: tool-fault scenarios"), ("provider", "failed: provider-fault scenarios")):
+        part = arms["by_fault"][fault][scope]
+        rows.append(
+            (
+                label,
+                [_cell(part[a], "failed_tasks", None) for a in ARMS[:2]] + [_governed_cell(part, "failed_tasks", None)],
+            )
+        )
+    return rows
+
+
 def print_policies(result: dict[str, Any], console: Console) -> None:
     """Per model policy: every scenario (provider faults included), both frameworks, then each."""
     policies = result.get("model_policies", {})
@@ -75,44 +93,30 @@ def print_policies(result: dict[str, Any], console: Console) -> None:
         return
     scenarios = len(next(iter(policies.values()))["per_scenario"])
     table = Table(
-        title=f"by model policy: all {scenarios} scenarios, provider faults included (red: another arm did better)"
+        title=f"by model policy: all {scenarios} scenarios, {' + '.join(result['frameworks'])} "
+        "(red: another arm did better)",
     )
     table.add_column("policy")
     table.add_column("metric")
     for arm in ARMS:
         table.add_column(arm, justify="right")
     for name in result["model_policies_run"]:
-        arms = policies[name]
-        for label, key, fmt in _POLICY_ROWS:
-            table.add_row(
-                name,
-                label,
-                _cell(arms["baseline"], key, fmt),
-                _cell(arms["builtins"], key, fmt),
-                _governed_cell(arms, key, fmt),
-            )
+        for label, cells in _policy_rows(policies[name], "all"):
+            table.add_row(name, label, *cells)
         table.add_section()
     console.print(table)
-    per = Table(title="by model policy, per framework")
-    per.add_column("policy")
-    per.add_column("metric")
-    for framework in result["frameworks"]:
+    for framework in result["frameworks"] if len(result["frameworks"]) > 1 else ():
+        per = Table(title=f"by model policy: {framework}")
+        per.add_column("policy")
+        per.add_column("metric")
         for arm in ARMS:
-            per.add_column(f"{framework}\n{arm}", justify="right")
-    for name in result["model_policies_run"]:
-        frameworks = policies[name]["per_framework"]
-        for label, key, fmt in _POLICY_ROWS:
-            cells = []
-            for framework in result["frameworks"]:
-                arms = frameworks[framework]
-                cells += [
-                    _cell(arms["baseline"], key, fmt),
-                    _cell(arms["builtins"], key, fmt),
-                    _governed_cell(arms, key, fmt),
-                ]
-            per.add_row(name, label, *cells)
-        per.add_section()
-    console.print(per)
+            per.add_column(arm, justify="right")
+        for name in result["model_policies_run"]:
+            arms = {**policies[name]["per_framework"][framework], "by_fault": policies[name]["by_fault"]}
+            for label, cells in _policy_rows(arms, framework):
+                per.add_row(name, label, *cells)
+            per.add_section()
+        console.print(per)
     losses = Table(title="where governance does not win: the governed arm above the better other arm")
     for column in ("policy", "framework", "scenario", "metric", "governed", "better arm"):
         losses.add_column(column, justify="right" if column in ("governed", "better arm") else "left")

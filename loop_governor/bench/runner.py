@@ -86,7 +86,7 @@ def make_runner(framework: str) -> Runner:
 
 
 @contextlib.contextmanager
-def _quiet_frameworks() -> Iterator[None]:
+def quiet_frameworks() -> Iterator[None]:
     """crewAI prints event-bus warnings to stdout and logs every aborted run; the
     benchmark aborts runs on purpose (that is the outcome it measures)."""
     loggers = [logging.getLogger(n) for n in ("crewai", "langchain", "langgraph")]
@@ -221,9 +221,25 @@ def _policy_summary(outcomes: dict[str, dict[str, list[TaskOutcome]]], framework
         }
         for s in SCENARIOS
     }
+    provider = {s.name for s in SCENARIOS if s.provider_fault}
+
+    def of_fault(fault: str, chosen: Sequence[str]) -> dict[str, Any]:
+        wanted = fault == "provider"
+        return {
+            arm: summarize([o for f in chosen for o in outcomes[f][arm] if (o.scenario in provider) == wanted])
+            for arm in ARMS
+        }
+
+    # the seed's incidents (tool faults) apart from the faults of the model call itself
+    out["by_fault"] = {
+        fault: {"all": of_fault(fault, frameworks), **{f: of_fault(fault, [f]) for f in frameworks}}
+        for fault in ("tool", "provider")
+    }
     losses = governed_not_best(out, {"framework": "all", "scenario": "all"})
     for f in frameworks:
         losses += governed_not_best(out["per_framework"][f], {"framework": f, "scenario": "all"})
+    for fault, parts in out["by_fault"].items():
+        losses += governed_not_best(parts["all"], {"framework": "all", "scenario": f"{fault}-fault scenarios"})
     for name, arms in out["per_scenario"].items():
         losses += governed_not_best(arms, {"framework": "all", "scenario": name})
     out["governed_not_best"] = losses
@@ -265,7 +281,7 @@ def run_bench(
     for framework in frameworks:
         runner = make_runner(framework)
         done: dict[tuple[int, str, str, str], list[TaskOutcome]] = {}
-        with _quiet_frameworks():
+        with quiet_frameworks():
             for behaviour in behaviours:
                 for run_index in range(runs):
                     for scenario in SCENARIOS:

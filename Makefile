@@ -1,13 +1,16 @@
 # Two commands set everything up on a fresh machine (no root needed):
 #   make demo   - create .venv, install, run the main job
 #   make test   - create .venv, install everything (all extras + dev), run the whole suite
+#   make compat - LangChain's, LangGraph's and crewAI's own test suites, unchanged and with
+#                 the governor injected (sdists of the installed releases, cached in build/compat)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 BASE_STAMP := $(VENV)/.stamp-base
 ALL_STAMP  := $(VENV)/.stamp-all
+COMPAT_STAMP := $(VENV)/.stamp-compat
 
-.PHONY: demo test lint typecheck bench-hotpath clean
+.PHONY: demo test compat lint typecheck bench-hotpath clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "make demo / make test need Python >= 3.11 (langchain-core 1.8)"'
@@ -22,11 +25,19 @@ $(ALL_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[all,dev]'
 	@touch $@ $(BASE_STAMP)
 
+$(COMPAT_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[all,dev,compat]'
+	@touch $@ $(ALL_STAMP) $(BASE_STAMP)
+
 demo: $(BASE_STAMP)
 	$(VENV)/bin/loop-governor bench
 
 test: $(ALL_STAMP)
 	$(PY) -m pytest
+
+compat: $(COMPAT_STAMP)
+	$(PY) compat/run.py fetch
+	$(PY) compat/run.py run
 
 lint: $(ALL_STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,131 +1,236 @@
-"""Save latency of the checkpoint stores vs a bare write + fsync + rename of the same bytes.
+"""Checkpoint save latency against task size, for every store, beside bare writes.
 
-The bare baseline is the floor for any crash-safe file write; the target is a
-FileCheckpointStore.save at most 1.5x that (it also serializes, redacts, checksums,
-takes the directory lock, reads the stored version and fsyncs the directory). Two bare
-baselines: the temp file named by ``tempfile.mkstemp`` (what Python code writes) and a
-fixed temp name (no name generation at all, the tightest floor). The "bare+dirsync"
-column adds the directory fsync the store must do to make the rename durable: on this
-project's machine that alone is ~1.35x the bare write, so it is most of the store's cost.
+    .venv/bin/python benchmarks/checkpoint_save.py [--sizes 1,100,1000,5000,10000] [--repeat 1]
+        [--redis-url redis://...] [--dir /path/on/real/disk] [--json]
 
-    .venv/bin/python benchmarks/checkpoint_save.py [--rounds 1000] [--dir /path/on/real/disk]
+A task grows by one governed call at a time (a ~500-byte result, a sub-result every 5th
+call, a known-bad call every 10th, as ``Governor.call`` records them) and is saved after
+each call, in every store: file, SQLite, Redis and memory. There is one task per size
+n, staggered so that all of them reach their last 100 calls at the same moments (the
+10000-call task starts first, the 100-call task 100 steps before the end): the saves
+compared are made side by side, so a shared machine's drift hits every size alike. At
+n=1 the figure is 100 fresh tasks' first saves, made in the same window.
 
-Prints medians per checkpoint size and the ratios. Calls are interleaved (store, bare,
-bare fixed, bare+dirsync, sqlite, store...) so disk and CPU drift hit all alike.
+In that window, next to the stores, two floors: a bare append + fsync of the very
+record the file store just appended for its 5000-call task (what any journal pays), and
+a bare write + fsync + rename of that record into a fresh file (``tempfile.mkstemp``,
+what one crash-atomic file write pays). Every 10th step the whole checkpoint of each
+size is also written + fsynced + renamed, as every save did before the journal (the
+floor of the old design). The order rotates each step.
+
+Prints medians in microseconds, the mean and maximum over every save of the largest
+task (the maximum is a compaction) and the goals of issue 19: the file store's median
+at call 5000 <= 1.3x its median at call 100, and <= 2x a bare write + fsync + rename.
+Without ``--redis-url`` a throw-away redis-server is started (no persistence: a Redis
+save is a round trip, not a disk write).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from loop_governor.checkpoint import FileCheckpointStore, SQLiteCheckpointStore, TaskCheckpoint
+from loop_governor.checkpoint import (
+    CheckpointStore,
+    FileCheckpointStore,
+    MemoryCheckpointStore,
+    RedisCheckpointStore,
+    SQLiteCheckpointStore,
+    TaskCheckpoint,
+)
 from loop_governor.errors import ErrorType, GovernedError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from redis_latency import start_server  # the benchmarks' shared throw-away redis-server
 
-def make_checkpoint(task_id: str, calls: int, result_chars: int) -> TaskCheckpoint:
-    """A checkpoint shaped like a real agent task: tool results, a few errors, sub-results."""
-    cp = TaskCheckpoint(task_id=task_id)
-    for i in range(calls):
-        key = f'search_docs:{{"query":"topic {i}","limit":5}}'
-        text = (f"result {i}: " + "lorem ipsum dolor sit amet " * (result_chars // 27 + 1))[:result_chars]
-        cp.record_success(key, {"hits": [{"title": f"doc {i}", "snippet": text}], "total": i})
-        cp.step += 1
-    for i in range(max(1, calls // 10)):
+WINDOW = 100
+STORES = ("file", "sqlite", "redis", "memory")
+BARE = ("bare append+fsync", "bare write+fsync+rename")
+REWRITE = "whole rewrite (old design floor)"
+SNIPPET = "lorem ipsum dolor sit amet, consectetur adipiscing elit " * 8
+
+Times = dict[str, dict[int, list[float]]]  # subject -> task size -> save times (s)
+
+
+def grow(cp: TaskCheckpoint, call: int) -> None:
+    """Call ``call`` of a task, recorded as the governor records it."""
+    cp.record_success(
+        f'search_docs:{{"query":"topic {call}","limit":5}}',
+        {"hits": [{"title": f"doc {call}", "snippet": f"{call}: {SNIPPET}"[:430]}], "total": call},
+    )
+    if call % 5 == 0:
+        cp.add_result({"subtask": call // 5, "summary": f"done {call}"})
+    if call % 10 == 0:
         cp.record_failure(
-            f'fetch_url:{{"url":"https://example.com/{i}"}}',
+            f'fetch_url:{{"url":"https://example.com/{call}"}}',
             GovernedError(error_type=ErrorType.PERMANENT, tool="fetch_url", status=404, message="not found"),
         )
-    for i in range(max(1, calls // 5)):
-        cp.add_result({"subtask": i, "summary": f"done {i}"})
-    cp.metadata["agent"] = "bench"
-    return cp
+    cp.step = call
 
 
-def bare_write(directory: Path, name: str, data: bytes, dir_fsync: bool = False, fixed_temp: bool = False) -> None:
-    """The floor: temp file in the same directory, write, fsync, rename (+ directory fsync).
-
-    ``tempfile.mkstemp`` names the temp file, as Python code does; ``fixed_temp`` opens
-    a fixed name instead (only safe for a single writer) for the tightest possible floor.
-    """
-    if fixed_temp:
-        tmp = str(directory / ".bare.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    else:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".bare-")
+def bare_rename(directory: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".bare-")
     try:
         os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, directory / name)
-    if dir_fsync:
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    os.replace(tmp, directory / "record.json")
 
 
-def bench(directory: Path, calls: int, result_chars: int, rounds: int) -> dict[str, float]:
-    file_store = FileCheckpointStore(directory / "file")
-    sqlite_store = SQLiteCheckpointStore(directory / "ckpt.db")
-    bare_dir = directory / "bare"
-    bare_dir.mkdir()
-    cp_file = make_checkpoint("bench-task", calls, result_chars)
-    cp_sql = make_checkpoint("bench-task", calls, result_chars)
-    file_store.save(cp_file)
-    data = file_store.path_for("bench-task").read_bytes()
-    steps = {
-        "file": lambda: file_store.save(cp_file),
-        "bare": lambda: bare_write(bare_dir, "bench-task.json", data),
-        "bare_fixed": lambda: bare_write(bare_dir, "bench-task.json", data, fixed_temp=True),
-        "bare_dirsync": lambda: bare_write(bare_dir, "bench-task.json", data, dir_fsync=True),
-        "sqlite": lambda: sqlite_store.save(cp_sql),
+class _Bare:
+    """The two floors, fed the record the file store appended last."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.record = b"{}\n"
+        self.fd = os.open(directory / "journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def append(self) -> None:
+        os.write(self.fd, self.record)
+        os.fsync(self.fd)
+
+    def rename(self) -> None:
+        bare_rename(self.directory, self.record)
+
+
+def run(root: Path, sizes: list[int], redis_url: str, tag: str) -> Times:
+    """Grow one task per size in every store, all ending together."""
+    stores: dict[str, CheckpointStore] = {
+        "file": FileCheckpointStore(root / "file"),
+        "sqlite": SQLiteCheckpointStore(root / "c.db"),
+        "redis": RedisCheckpointStore(redis_url, prefix=f"bench:{tag}:", quarantine_prefix=f"bench-q:{tag}:"),
+        "memory": MemoryCheckpointStore(),
     }
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
+    file_store = stores["file"]
+    assert isinstance(file_store, FileCheckpointStore)
+    total = max(sizes)
+    grown = [n for n in sizes if n >= WINDOW]
+    cps = {(name, n): TaskCheckpoint(task_id=f"task-{n}") for name in stores for n in grown}
+    probe = max((n for n in grown if n <= 5000), default=total)
+    journal = file_store.journal_path_for(f"task-{probe}")
+    (root / "bare").mkdir()
+    bare = _Bare(root / "bare")
+    times: Times = {name: {n: [] for n in sizes} for name in (*STORES, *BARE, REWRITE)}
+    for step in range(1, total + 1):
+        in_window = step > total - WINDOW
+        jobs: list[tuple[str, int, Callable[[], object]]] = []
+        for n in grown:
+            call = step - (total - n)
+            if call < 1:
+                continue
+            for name, store in stores.items():
+                cp = cps[name, n]
+                grow(cp, call)
+                jobs.append((name, n, lambda store=store, cp=cp: store.save(cp)))
+        if in_window and 1 in sizes:
+            for name, store in stores.items():
+                fresh = TaskCheckpoint(task_id=f"fresh-{step}")
+                grow(fresh, 1)
+                jobs.append((name, 1, lambda store=store, cp=fresh: store.save(cp)))
+        if in_window:
+            jobs.append((BARE[0], probe, bare.append))
+            jobs.append((BARE[1], probe, bare.rename))
+        size_before = journal.stat().st_size if journal.exists() else 0
+        shift = step % len(jobs)
+        for name, n, action in jobs[shift:] + jobs[:shift]:
             start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    sqlite_store.close()
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    medians["bytes"] = len(data)
-    return medians
+            action()
+            times[name][n].append(time.perf_counter() - start)
+        size_after = journal.stat().st_size if journal.exists() else 0
+        if 0 < size_after - size_before < 1 << 16:  # the line the file store appended (not a compaction)
+            with open(journal, "rb") as fh:
+                fh.seek(size_before)
+                bare.record = fh.read()
+        if in_window and step % 10 == 0:
+            for n in grown:
+                body = cps["memory", n].encode_body(time.time())
+                start = time.perf_counter()
+                bare_rename(bare.directory, body)
+                times[REWRITE][n].append(time.perf_counter() - start)
+    os.close(bare.fd)
+    for name, store in stores.items():
+        if name == "redis":
+            for n in grown:
+                store.delete(f"task-{n}")
+        store.close()
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--sizes", default="1,100,1000,5000,10000")
+    parser.add_argument("--repeat", type=int, default=1, help="runs (each grows a task per size and store)")
+    parser.add_argument("--redis-url", default=None)
     parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")
+    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    sizes = sorted(set(map(int, args.sizes.split(","))))
+    if max(sizes) < WINDOW:
+        raise SystemExit(f"the largest size must be >= {WINDOW}")
+    server = None
+    runs: list[Times] = []
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        try:
+            url = args.redis_url
+            if url is None:
+                server, url = start_server(tmp)
+            for r in range(args.repeat):
+                root = Path(tmp) / f"run-{r}"
+                root.mkdir()
+                runs.append(run(root, sizes, url, f"{os.getpid()}-{r}"))
+        finally:
+            if server is not None:
+                server.kill()
+                server.wait()
+    top = max(sizes)
+    columns = (*STORES, *BARE, REWRITE)
+
+    def window(name: str, n: int) -> list[float]:
+        if name in BARE:  # timed once per step of the window, beside every size's saves
+            return [v for one in runs for values in one[name].values() for v in values]
+        return [v for one in runs for v in (one[name][n] if n == 1 or name == REWRITE else one[name][n][-WINDOW:])]
+
+    medians = {
+        name: {n: statistics.median(window(name, n)) * 1e6 for n in sizes if window(name, n)} for name in columns
+    }
+    summary = {}
+    for name in STORES:
+        values = [v for one in runs for v in one[name][top]]
+        summary[name] = {"mean_us": statistics.fmean(values) * 1e6, "max_us": max(values) * 1e6, "saves": len(values)}
+    goals = {}
+    if 100 in sizes and 5000 in sizes:
+        goals = {
+            "file at 5000 / file at 100 (goal <= 1.3)": medians["file"][5000] / medians["file"][100],
+            "file at 5000 / bare write+fsync+rename (goal <= 2)": medians["file"][5000] / medians[BARE[1]][5000],
+            "file at 5000 / bare append+fsync": medians["file"][5000] / medians[BARE[0]][5000],
+            "sqlite at 5000 / sqlite at 100": medians["sqlite"][5000] / medians["sqlite"][100],
+            "redis at 5000 / redis at 100": medians["redis"][5000] / medians["redis"][100],
+        }
+    if args.json:
+        print(json.dumps({"medians_us": medians, "summary": summary, "goals": goals}))
+        return
     print(
-        f"rounds={args.rounds}; medians in microseconds; ratio = file store / bare write+fsync+rename "
-        "(temp file from mkstemp); ratio fixed = the same against a fixed temp name"
+        f"save latency in microseconds: median of the last {WINDOW} saves of a task of each size, "
+        f"all made side by side ({args.repeat} run(s))"
     )
-    header = ("checkpoint", "bytes", "bare", "bare fixed", "bare+dirsync", "file store")
-    header += ("ratio", "ratio fixed", "sqlite")
-    print(f"{header[0]:<20}" + "".join(f"{h:>13}" for h in header[1:]))
-    sizes = (("small (5 calls)", 5, 200), ("typical (50 calls)", 50, 400), ("large (500 calls)", 500, 1000))
-    for label, calls, chars in sizes:
-        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-            m = bench(Path(tmp), calls, chars, args.rounds)
-        cells = (
-            f"{m['bytes']:.0f}",
-            f"{m['bare'] * 1e6:.0f}",
-            f"{m['bare_fixed'] * 1e6:.0f}",
-            f"{m['bare_dirsync'] * 1e6:.0f}",
-            f"{m['file'] * 1e6:.0f}",
-            f"{m['file'] / m['bare']:.2f}x",
-            f"{m['file'] / m['bare_fixed']:.2f}x",
-            f"{m['sqlite'] * 1e6:.0f}",
-        )
-        print(f"{label:<20}" + "".join(f"{c:>13}" for c in cells))
+    widths = [max(9, len(c) + 2) for c in columns]
+    print(f"{'calls':>7}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=True)))
+    for n in sizes:
+        cells = [f"{medians[c][n]:.0f}" if n in medians[c] else "-" for c in columns]
+        print(f"{n:>7}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+    print(f"every save of the {top}-call task:")
+    for name, figures in summary.items():
+        print(f"  {name:<7} mean {figures['mean_us']:>7.0f}  max {figures['max_us']:>8.0f}  ({figures['saves']} saves)")
+    for goal, ratio in goals.items():
+        print(f"  {goal}: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ live in :mod:`loop_governor`; this package only maps them onto crewAI's plug poi
 """
 
 from crewai_governor._default import resolve_governor
-from crewai_governor.failures import GovernedToolFailure, stop_error
+from crewai_governor.failures import GovernedToolError, GovernedToolFailure, stop_error
 from crewai_governor.hooks import GovernorHooks, Installation, install
 from crewai_governor.listener import GovernorEventListener
 from crewai_governor.resume import CrewResumeError, rebind_llm, restore_task_outputs, resume_crew
@@ -24,6 +24,7 @@ from crewai_governor.tools import GovernedTool, govern_tool, govern_tools
 __all__ = [
     "CrewResumeError",
     "GovernedTool",
+    "GovernedToolError",
     "GovernedToolFailure",
     "GovernorEventListener",
     "GovernorHooks",

@@ -1,20 +1,22 @@
-"""How a governed failure travels through crewAI: returned as text, or raised as a stop.
+"""How a governed failure travels through crewAI: raised as the tool's failure, or as a stop.
 
-crewAI 1.15 swallows every ``Exception`` a tool raises. The native function-calling path
-turns it into "Error executing tool: ..." and the ReAct path re-runs the tool up to six
-times with no backoff before doing the same. So a governed tool never raises:
+crewAI 1.15 catches every ``Exception`` a tool raises, and that is its contract for a
+failed tool call: a ``ToolUsageErrorEvent`` (dashboards count these), ``task.tools_errors``
+incremented, a failure recorded with reason ``exception``. So:
 
-* a transient or permanent failure is *returned* as a :class:`GovernedToolFailure`, a
-  crewAI ``ToolFailure`` whose message is the governor's compact JSON. crewAI records it
-  (``TaskOutput.tool_failures``, ``ToolFailureDetectedEvent``), the model reads the JSON,
-  and crewAI's own retry loop never starts;
-* a fatal failure is returned the same way, carrying the ``lg.FatalError``; a global
-  ``after_tool_call`` hook (:func:`ensure_fatal_relay`) then raises it again as a
-  ``HookAborted``. ``HookAborted`` is the one exception crewAI passes through its
-  tool, executor, agent-retry and crew layers untouched (agent/core.py keeps it out of
-  the ``max_retry_limit`` loop), so the run stops. The raised object is also an instance
-  of the original fatal class, so ``except lg.FatalError`` around ``crew.kickoff()``
-  catches it with ``.info`` intact.
+* a transient or permanent failure is *raised* as a :class:`GovernedToolError` whose text
+  is the governor's compact JSON. crewAI records it as above, and the global
+  ``after_tool_call`` hook (:func:`ensure_fatal_relay`) hands the model that JSON instead
+  of crewAI's error wording around it. crewAI's ReAct path re-runs a raising tool (three
+  attempts, two invocations each); the governor already retried, so those re-runs get
+  the same outcome without a call (:class:`~crewai_governor.tools.GovernedStructuredTool`);
+* a fatal failure is *returned* as a :class:`GovernedToolFailure` carrying the
+  ``lg.FatalError`` (crewAI would swallow a raised one); the same hook then raises it
+  again as a ``HookAborted``. ``HookAborted`` is the one exception crewAI passes through
+  its tool, executor, agent-retry and crew layers untouched (agent/core.py keeps it out
+  of the ``max_retry_limit`` loop), so the run stops. The raised object is also an
+  instance of the original fatal class, so ``except lg.FatalError`` around
+  ``crew.kickoff()`` catches it with ``.info`` intact.
 """
 
 from __future__ import annotations
@@ -28,7 +30,40 @@ from pydantic import PrivateAttr
 
 import loop_governor as lg
 
-__all__ = ["GovernedToolFailure", "ensure_fatal_relay", "failure_from_error", "stop_error"]
+__all__ = ["GovernedToolError", "GovernedToolFailure", "ensure_fatal_relay", "failure_from_error", "stop_error"]
+
+
+class GovernedToolError(Exception):
+    """A non-fatal governed failure (transient after retries, permanent, breaker open,
+    loop detected), raised out of a governed crewAI tool.
+
+    ``str()`` is the governor's model-facing JSON; ``.error`` is the
+    :class:`loop_governor.AgentToolError` (``.info`` its classification) and ``__cause__``
+    the tool's own exception, when there was one.
+    """
+
+    def __init__(self, error: lg.AgentToolError) -> None:
+        self.error = error
+        super().__init__(error.info.to_model_text())
+
+    @property
+    def info(self) -> lg.GovernedError:
+        return self.error.info
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.error,))
+
+
+# The JSON of the last GovernedToolError raised on this thread, until crewAI's
+# after_tool_call hooks for that call ran (crewAI runs a call's hooks on its thread).
+_raised = threading.local()
+
+
+def raise_governed(error: lg.AgentToolError) -> GovernedToolError:
+    """The exception a governed tool raises for ``error``, remembered for the hook."""
+    exc = GovernedToolError(error)
+    _raised.text = str(exc)
+    return exc
 
 
 class GovernedToolFailure(ToolFailure):
@@ -130,11 +165,21 @@ def model_stop(exc: lg.AgentToolError) -> lg.AgentToolError:
     return result
 
 
-def _relay_fatal(context: Any) -> None:
-    """Global ``after_tool_call`` hook: turn a returned fatal failure into a run stop."""
+def _relay_fatal(context: Any) -> str | None:
+    """Global ``after_tool_call`` hook: turn a returned fatal failure into a run stop,
+    and give the model a raised governed failure's JSON without crewAI's wording around
+    it ("Error executing tool: ...", the ReAct "I encountered an error ..." text)."""
     raw = getattr(context, "raw_tool_result", None)
     if isinstance(raw, GovernedToolFailure) and raw.fatal is not None:
         raise stop_error(raw.fatal)
+    text: str | None = getattr(_raised, "text", None)
+    if text is None:
+        return None
+    _raised.text = None
+    result = getattr(context, "tool_result", None)
+    if isinstance(result, str) and text in result and result != text:
+        return text
+    return None
 
 
 _relay_lock = threading.Lock()

@@ -56,11 +56,11 @@ from crewai.hooks.dispatch import (
     unregister,
 )
 from crewai.llms.base_llm import BaseLLM
-from crewai.tools.tool_failure import ToolExecutionFailedError, handle_tool_failure
+from crewai.tools.tool_failure import ToolExecutionFailedError, failure_from_exception, handle_tool_failure
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
-from crewai_governor.failures import ensure_fatal_relay, failure_from_error, stop_error
+from crewai_governor.failures import GovernedToolError, ensure_fatal_relay, stop_error
 from crewai_governor.llm import govern_llm, is_governed_llm
 from crewai_governor.tools import GovernedTool
 from loop_governor.context.tokens import approx_tokens
@@ -313,10 +313,11 @@ class GovernorHooks:
             return None
         refusal = entry[1]
         # crewAI records no failure for a blocked call; record it as the governed tool
-        # would have, so TaskOutput.tool_failures and the failure policy see every refusal.
+        # would have (raised: reason "exception"), so TaskOutput.tool_failures and the
+        # failure policy see every refusal.
         try:
             handle_tool_failure(
-                failure_from_error(refusal),
+                failure_from_exception(GovernedToolError(refusal)),
                 tool_name=context.tool_name,
                 tool_args=context.tool_input,
                 tool=context.tool,

@@ -7,10 +7,16 @@ with crewAI's totals, cached prompt tokens included.
 
 Handlers run on crewAI's thread pool, after the emitting code has moved on: call
 :meth:`GovernorEventListener.flush` (``crewai_event_bus.flush``) before reading results.
+
+crewAI serializes an event's ``messages`` to a depth of five and writes anything deeper
+as ``repr()``: a tool call's function name and arguments arrive as ``"'read_file'"`` and
+``"'{\"path\": ...}'"``. The listener turns those back into the values crewAI sent, so
+the trace shows the prompt as the model received it.
 """
 
 from __future__ import annotations
 
+import ast
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -133,6 +139,8 @@ class GovernorEventListener(BaseEventListener):
         messages = event.messages
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
+        elif isinstance(messages, list):
+            messages = _unrepr(messages)
         self.governor.emit(
             "model_call",
             model=event.model,
@@ -235,6 +243,27 @@ class GovernorEventListener(BaseEventListener):
             crewai_task_id=event.task_id,
             agent_role=event.agent_role,
         )
+
+
+# crewAI's to_serializable(messages) depth: values this deep are written as repr()
+_REPR_DEPTH = 5
+
+
+def _unrepr(value: Any, depth: int = 0) -> Any:
+    """``value`` with the repr() strings crewAI wrote at its depth limit read back
+    (``ast.literal_eval``: literals only; anything else stays the string it was)."""
+    if depth >= _REPR_DEPTH:
+        if isinstance(value, str):
+            try:
+                return ast.literal_eval(value)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return value
+        return value
+    if isinstance(value, dict):
+        return {k: _unrepr(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unrepr(v, depth + 1) for v in value]
+    return value
 
 
 _TOOL_LISTS = ("original_tools", "tools")

@@ -4,8 +4,14 @@
 description, argument schema, result schema and flags, so the prompt (ReAct text) and the
 function schema (native calls) are unchanged. Each call goes through
 ``governor.call`` (retries with backoff, breaker, known-bad calls, budgets). A governed
-failure comes back as a :class:`~crewai_governor.failures.GovernedToolFailure` instead of
-an exception -- see :mod:`crewai_governor.failures` for why.
+failure is raised as a :class:`~crewai_governor.failures.GovernedToolError`, which crewAI
+records as the tool's failure; a fatal one comes back as a
+:class:`~crewai_governor.failures.GovernedToolFailure` that stops the run -- see
+:mod:`crewai_governor.failures` for why.
+
+The wrapper is a tool object of its own (``isinstance(agent.tools[0], MyTool)`` is False;
+``.inner`` is your tool). Usage limits are counted on your tool: ``max_usage_count`` and
+``current_usage_count`` agree between the wrapper and ``.inner``.
 
 Per-task governance (known-bad calls, budgets, the repeated-error guard) needs a governor
 task scope: ``with install(g):`` opens one per crew or flow kickoff (a standalone
@@ -31,7 +37,7 @@ from pydantic import PrivateAttr
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
-from crewai_governor.failures import ensure_fatal_relay, failure_from_error
+from crewai_governor.failures import GovernedToolError, ensure_fatal_relay, failure_from_error, raise_governed
 
 __all__ = [
     "GovernedStructuredTool",
@@ -81,16 +87,49 @@ def cache_unless_failure(_args: Any = None, result: Any = None) -> bool:
     return not isinstance(result, ToolFailure)
 
 
+# crewAI's ReAct path (ToolUsage) runs a raising tool three times, invoking it twice per
+# attempt (with the schema's arguments, then with all of them): five re-runs at most.
+_REACT_RERUNS = 5
+
+
 class GovernedStructuredTool(CrewStructuredTool):
     """The structured form crewAI's ReAct path runs.
 
     crewAI's ``ainvoke`` runs a sync tool with ``loop.run_in_executor``, which drops
     contextvars: the governor's task scope and crewAI's current task id would vanish
     under ``akickoff``. ``asyncio.to_thread`` copies the context.
+
+    When a governed call failed, crewAI's ReAct loop runs the same call again at once on
+    the same thread, up to five times; the governor already retried it, so those re-runs
+    get the same :class:`GovernedToolError` without a call. Any other call on the thread
+    ends that.
     """
+
+    _reruns: threading.local = PrivateAttr(default_factory=threading.local)
+
+    def invoke(self, input: str | dict[str, Any], config: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        key = self._rerun_key(input)
+        pending = getattr(self._reruns, "pending", None)
+        self._reruns.pending = None
+        if pending is not None and pending[0] == key and pending[2] > 0:
+            self._reruns.pending = (key, pending[1], pending[2] - 1)
+            raise raise_governed(pending[1].error) from pending[1].__cause__
+        try:
+            return super().invoke(input, config, **kwargs)
+        except GovernedToolError as exc:
+            self._reruns.pending = (key, exc, _REACT_RERUNS)
+            raise
 
     async def ainvoke(self, input: str | dict[str, Any], config: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         return await asyncio.to_thread(self.invoke, input, config, **kwargs)
+
+    def _rerun_key(self, input: str | dict[str, Any]) -> str:
+        """The call's arguments as the schema sees them (crewAI's second invocation of
+        an attempt passes the unfiltered ones)."""
+        if isinstance(input, dict) and self.args_schema is not None:
+            fields = self.args_schema.model_fields
+            input = {k: v for k, v in input.items() if k in fields}
+        return lg.call_key(self.name, (input,), {})
 
 
 class GovernedTool(BaseTool):
@@ -111,6 +150,21 @@ class GovernedTool(BaseTool):
     @property
     def governor(self) -> lg.Governor:
         return self._governor
+
+    # -- usage limits live on the wrapped tool ------------------------------------------
+    def _claim_usage(self) -> ToolFailure | None:
+        limit = self._inner._claim_usage()
+        self.__dict__["current_usage_count"] = self._inner.current_usage_count
+        return limit
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "current_usage_count" and getattr(self, "_inner", None) is not None:
+            self._inner.current_usage_count = value  # crewAI's ReAct path sets it here
+
+    def reset_usage_count(self) -> None:
+        super().reset_usage_count()
+        self._inner.reset_usage_count()
 
     # -- sync: what crewAI calls (native path: tool.run; ReAct path: structured invoke)
     def _run(self, *args: Any, **kwargs: Any) -> Any:
@@ -149,9 +203,12 @@ class GovernedTool(BaseTool):
         return await asyncio.to_thread(self._call_inner, *args, **kwargs)
 
     def _failure(self, exc: lg.AgentToolError) -> ToolFailure:
+        """A fatal failure is returned for the relay hook to stop the run; any other is
+        raised, crewAI's signal for a failed call (see :mod:`crewai_governor.failures`)."""
+        ensure_fatal_relay()
         if isinstance(exc, lg.FatalError):
-            ensure_fatal_relay()
-        return failure_from_error(exc)
+            return failure_from_error(exc)  # returned: crewAI would swallow it raised
+        raise raise_governed(exc) from exc.__cause__
 
     def format_output_for_agent(self, raw_result: Any) -> str:
         """Delegate success formatting to the wrapped tool (its result schema, overrides)."""

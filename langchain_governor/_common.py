@@ -9,13 +9,15 @@ described in an event.
 from __future__ import annotations
 
 import inspect
+import json
 import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_openai_messages
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphBubbleUp, is_invalid_resume
 
 import loop_governor as lg
 
@@ -36,6 +38,13 @@ class Interrupted:
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+
+
+def is_control_flow(exc: BaseException) -> bool:
+    """LangGraph control flow, never a tool failure: an interrupt or parent command
+    (``GraphBubbleUp``), or a resume value an ``interrupt()`` rejected, which LangGraph
+    re-raises so the interrupt stays open to be answered again."""
+    return isinstance(exc, GraphBubbleUp) or is_invalid_resume(exc)
 
 
 def carry(exc: BaseException) -> Interrupted:
@@ -60,6 +69,27 @@ def thread_id_of(config: Mapping[str, Any] | None) -> str | None:
         return None
     configurable = config.get("configurable") or {}
     value = configurable.get("thread_id")
+    return None if value is None else str(value)
+
+
+# LangGraph's config keys for the runtime (which every ToolNode requires, in a graph or
+# invoked on its own) and for the task (one node execution) a call runs in. Its constants
+# module is internal, so the literals are used; a rename would make governed tools answer
+# with error content instead of raising to the ToolNode, and never replay an outcome.
+_GRAPH_RUNTIME_KEY = "__pregel_runtime"
+_GRAPH_TASK_KEY = "__pregel_task_id"
+
+
+def in_tool_node(config: Mapping[str, Any] | None) -> bool:
+    """Whether a LangGraph ToolNode runs this call (it answers tool errors itself)."""
+    return bool(config) and _GRAPH_RUNTIME_KEY in ((config or {}).get("configurable") or {})
+
+
+def graph_task_id(config: Mapping[str, Any] | None) -> str | None:
+    """The id of the LangGraph task (one node execution) a call runs in, if any."""
+    if not config:
+        return None
+    value = (config.get("configurable") or {}).get(_GRAPH_TASK_KEY)
     return None if value is None else str(value)
 
 
@@ -142,3 +172,37 @@ def last_ai_message(messages: Sequence[BaseMessage]) -> AIMessage | None:
         if isinstance(message, AIMessage):
             return message
     return None
+
+
+_RECORD_MARK = "lc_tool_message"
+
+
+def tool_message_record(message: Any) -> Any:
+    """A ToolMessage a tool returned, as JSON the governor can checkpoint (every field
+    but the tool call id, which belongs to the call that restores it); anything else,
+    or a message with a non-JSON part, is returned unchanged."""
+    if not isinstance(message, ToolMessage):
+        return message
+    record = {
+        _RECORD_MARK: True,
+        "content": message.content,
+        "artifact": message.artifact,
+        "name": message.name,
+        "status": message.status,
+        "id": message.id,
+        "additional_kwargs": message.additional_kwargs,
+        "response_metadata": message.response_metadata,
+    }
+    try:
+        json.dumps(record, allow_nan=False)
+    except (TypeError, ValueError):
+        return message
+    return record
+
+
+def tool_message_from_record(value: Any, tool_call_id: str | None) -> Any:
+    """The ToolMessage of :func:`tool_message_record` again, answering ``tool_call_id``."""
+    if not (isinstance(value, dict) and value.get(_RECORD_MARK)):
+        return value
+    fields = {k: v for k, v in value.items() if k != _RECORD_MARK and v is not None}
+    return ToolMessage(tool_call_id=tool_call_id or "", **fields)

@@ -1,4 +1,4 @@
-"""The fatal stop a governed tool raises inside LangGraph.
+"""What a governed failure becomes inside LangGraph: a fatal stop, or a typed tool error.
 
 A plain :class:`loop_governor.FatalError` raised by a tool is an ordinary exception to
 LangGraph: ``ToolNode(handle_tool_errors=True)`` (common with ``create_react_agent``)
@@ -8,6 +8,14 @@ through every error handler, retry policy and node boundary, up to the caller of
 ``invoke`` / ``stream``. :class:`GovernedFatalError` is both: LangGraph passes it
 through, and ``except lg.FatalError`` (or the specific class it stands for, such as
 ``lg.BudgetExhaustedError``) still catches it.
+
+A non-fatal governed failure inside a LangGraph run is raised as a
+:class:`GovernedToolError`: LangGraph's ``ToolNode`` turns it into
+``ToolMessage(status="error")`` holding the governor's JSON (it is a
+``ToolInvocationError``, which the default error handler answers with its
+``.message``), while a ``ToolErrorMiddleware``, a ``ToolRetryMiddleware`` or a user's retry
+wrapper outside the governor still sees an exception -- of the tool's own class where
+Python allows it, so ``except ValueError`` keeps matching.
 """
 
 from __future__ import annotations
@@ -15,11 +23,13 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar
 
+from langchain_core.tools import ToolException
 from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt.tool_node import ToolInvocationError
 
 import loop_governor as lg
 
-__all__ = ["GovernedFatalError", "fatal_stop"]
+__all__ = ["GovernedFatalError", "GovernedToolError", "fatal_stop", "tool_error"]
 
 
 class GovernedFatalError(lg.FatalError, GraphBubbleUp):
@@ -37,22 +47,32 @@ class GovernedFatalError(lg.FatalError, GraphBubbleUp):
         return (_rebuild, (self.stands_for, dict(self.__dict__)))
 
 
-_variants: dict[type[lg.FatalError], type[GovernedFatalError]] = {lg.FatalError: GovernedFatalError}
+_variants: dict[tuple[type[BaseException], type[BaseException]], type[BaseException] | None] = {}
 _variants_lock = threading.Lock()
 
 
-def _variant(cls: type[lg.FatalError]) -> type[GovernedFatalError]:
+def _mixed(first: type[BaseException], second: type[BaseException], **attrs: Any) -> type[BaseException] | None:
+    """A class deriving from both (cached), or None where Python cannot combine them
+    (e.g. an ``OSError`` subclass and a plain ``Exception`` subclass: layout conflict)."""
+    key = (first, second)
     with _variants_lock:
-        variant = _variants.get(cls)
-        if variant is None:
-            name = f"Governed{cls.__name__}"
-            variant = type(
-                name,
-                (cls, GovernedFatalError),
-                {"__module__": __name__, "__qualname__": name, "__doc__": cls.__doc__, "stands_for": cls},
-            )
-            _variants[cls] = variant
-        return variant
+        if key not in _variants:
+            own = first if first.__module__ != __name__ else second
+            name = attrs.pop("_own_name", None) or f"Governed{own.__name__}"
+            body = {"__module__": __name__, "__qualname__": name, "__doc__": own.__doc__, **attrs}
+            try:
+                _variants[key] = type(name, (first, second), body)
+            except Exception:
+                _variants[key] = None
+        return _variants[key]
+
+
+def _variant(cls: type[lg.FatalError]) -> type[GovernedFatalError]:
+    if cls is lg.FatalError:
+        return GovernedFatalError
+    variant = _mixed(cls, GovernedFatalError, stands_for=cls)
+    assert variant is not None  # both derive from lg.FatalError alone
+    return variant  # type: ignore[return-value]
 
 
 def fatal_stop(exc: lg.FatalError) -> GovernedFatalError:
@@ -71,3 +91,93 @@ def _rebuild(
     info = state.get("info")
     stop.args = args if args is not None else ((info.message,) if isinstance(info, lg.GovernedError) else ())
     return stop
+
+
+class GovernedToolError(ToolException):
+    """A non-fatal governed failure (transient after retries, permanent, breaker open,
+    loop detected), raised out of a governed tool run inside LangGraph.
+
+    ``str()`` and ``.message`` are the governor's model-facing JSON; ``.error`` is the
+    :class:`loop_governor.AgentToolError` (``.error.info`` the classification) and
+    ``__cause__`` the tool's own exception, when there was one. A raised object is an
+    instance of the tool exception's class too, under its name and with its attributes,
+    where Python can combine the two classes (see :func:`tool_error`), so handlers that
+    match the tool's exception keep matching.
+
+    Raised from the tool, it is a plain ``ToolException`` that climbs through every
+    ``wrap_tool_call`` middleware (a ``ToolErrorMiddleware`` formats it, a
+    ``ToolRetryMiddleware`` retries it). ``GovernorMiddleware`` re-raises it on its way out
+    as an *answerable* copy that is also a ``ToolInvocationError``: the ToolNode's default
+    error handler answers the model with ``.message``, the governor's JSON, once nothing
+    further out handled it. Without the middleware a governed tool raises the answerable
+    form directly, and the ToolNode answers at once.
+    """
+
+    error: lg.AgentToolError
+
+    def __init__(self, error: lg.AgentToolError) -> None:
+        self.error = error
+        self.message = error.info.to_model_text()
+        # ToolInvocationError's attributes, for the answerable form
+        self.tool_name = error.info.tool or ""
+        self.tool_kwargs: dict[str, Any] = {}
+        self.source = error.__cause__
+        self.filtered_errors = None
+        ToolException.__init__(self, self.message)
+
+    @property
+    def info(self) -> lg.GovernedError:
+        return self.error.info
+
+    @property
+    def answerable(self) -> bool:
+        """Whether LangGraph's ToolNode answers the model with this error's JSON."""
+        return isinstance(self, ToolInvocationError)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Variants are made at run time; a copy comes back as the plain class.
+        return (GovernedToolError, (self.error,))
+
+
+class _Answerable(GovernedToolError, ToolInvocationError):  # type: ignore[misc]  # attrs set as ToolInvocationError's
+    """The answerable form of a GovernedToolError whose tool exception has no class of
+    its own to combine with (it shows as ``GovernedToolError``)."""
+
+    __init__ = GovernedToolError.__init__
+
+
+_Answerable.__name__ = _Answerable.__qualname__ = "GovernedToolError"
+
+
+def tool_error(error: lg.AgentToolError, *, answerable: bool, cause: BaseException | None = None) -> GovernedToolError:
+    """``error`` as a :class:`GovernedToolError` (answerable by a ToolNode or not) that is
+    also an instance of the class of the tool's own exception (``cause``, by default the
+    error's ``__cause__``) where the classes combine."""
+    cause = cause if cause is not None else error.__cause__
+    base: type[BaseException] = _Answerable if answerable else GovernedToolError
+    cls = base
+    if isinstance(cause, Exception) and not isinstance(cause, lg.AgentToolError | ToolException | GraphBubbleUp):
+        own = type(cause)
+        cls = _mixed(base, own, __init__=GovernedToolError.__init__, _own_name=own.__name__) or base
+    try:
+        raised: Any = Exception.__new__(cls)
+        if cls is not base and cause is not None:
+            raised.__dict__.update(getattr(cause, "__dict__", {}))  # e.g. .status_code, .response
+    except Exception:  # an exotic __new__ or __dict__: the plain class still carries everything
+        raised = Exception.__new__(base)
+    GovernedToolError.__init__(raised, error)
+    result: GovernedToolError = raised
+    return result
+
+
+def answerable(exc: GovernedToolError) -> GovernedToolError:
+    """The form of ``exc`` a ToolNode answers the model with (``exc`` if it is one)."""
+    if exc.answerable:
+        return exc
+    return tool_error(exc.error, answerable=True, cause=exc.__cause__)

@@ -3,9 +3,14 @@
 Without it a ``ValueError`` raised by any tool aborts a ``create_agent`` run (only
 argument-validation errors come back to the model). With it:
 
-* every tool call goes through ``governor.call``/``acall`` (the ToolNode handler is
-  called again per attempt), and a non-fatal failure becomes a
-  ``ToolMessage(status="error")`` holding the governor's structured JSON; a
+* every tool call's *tool* runs governed: the middleware hands the calls below it a
+  governed copy of the tool (:class:`~langchain_governor.tools.GovernedTool`), so the
+  governor retries the tool itself, below every other middleware -- a human approval,
+  a guard or a result transformer inside runs once per call, and exceptions raised by
+  other middlewares are theirs, passed through unclassified. A non-fatal failure is
+  raised as :class:`~langchain_governor.errors.GovernedToolError`, which the ToolNode turns
+  into ``ToolMessage(status="error")`` holding the governor's JSON and which a
+  ``ToolErrorMiddleware``/``ToolRetryMiddleware`` around it can still catch; a
   :class:`loop_governor.FatalError` propagates and stops the run;
 * every model call is a governed model call (``governor.call_model``): one iteration of
   the task's budgets, classified failures, retries with backoff and Retry-After, the
@@ -15,7 +20,13 @@ argument-validation errors come back to the model). With it:
   (``GovernorConfig(sdk_retries="keep")`` keeps them). It optionally sees a pruned *view*
   of the conversation (``request.override(messages=...)``: graph state and the
   checkpointer keep the full history), and is recorded as one ``model_call`` event with
-  usage (incl. prompt-cache reads) and the messages the model saw.
+  usage (incl. prompt-cache reads) and the messages the chat model received (after any
+  middleware inside this one edited them).
+
+``create_agent`` adds a tools node to any agent whose middleware defines a tool hook,
+and that changes a tool-less agent's graph; so the tool hooks exist only on the variant
+``GovernorMiddleware(...)`` builds by default, and ``govern_tool_calls=False`` gives a
+chat-only agent (tracing, pruning, step budgets) one without them.
 
 Tools already wrapped with :func:`langchain_governor.govern_tool` are governed by
 their wrapper; the middleware only opens the task scope for them (no double retries).
@@ -24,13 +35,16 @@ their wrapper; the middleware only opens the task scope for them (no double retr
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Annotated, Any
 
-from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import PrivateStateAttr
-from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
+from langchain_core.tools import BaseTool
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
@@ -38,21 +52,19 @@ from langgraph.types import Command
 from typing_extensions import NotRequired
 
 import loop_governor as lg
+from langchain_governor._capture import PromptCapture, capture_prompt
 from langchain_governor._common import (
     STATE_TASK_KEY,
-    carry,
-    key_args,
     new_task_id,
-    passthrough,
     resolve_governor,
     state_value,
     thread_id_of,
 )
 from langchain_governor._pruning import MessagePruner, PrunerPool
 from langchain_governor._scopes import LiveTasks
-from langchain_governor.errors import fatal_stop
+from langchain_governor.errors import GovernedToolError, answerable
 from langchain_governor.models import ModelCopies, describe, prompt_tokens, usage_of_response
-from langchain_governor.tools import GovernedTool
+from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
 from loop_governor.context.compact import emergency_compact
 
 
@@ -78,56 +90,21 @@ def emit_pruning(governor: lg.Governor, before: Sequence[BaseMessage], after: Se
     )
 
 
+def _response_messages(result: Any) -> list[BaseMessage]:
+    """The messages of whatever a model-call handler returned (all shapes LangChain allows)."""
+    if isinstance(result, AIMessage):
+        return [result]
+    inner = getattr(result, "model_response", None)
+    if isinstance(inner, ModelResponse):
+        result = inner
+    if isinstance(result, ModelResponse):
+        return list(result.result)
+    return []
+
+
 def _sent_to(model: Any, handler: Callable[[ModelRequest[Any]], Any]) -> Callable[[ModelRequest[Any]], Any]:
     """A fallback: the same request, sent to ``model`` through the same handler."""
     return lambda request: handler(request.override(model=model))
-
-
-_RECORD_MARK = "lc_tool_message"
-
-
-def _to_record(result: Any) -> Any:
-    """A plain text ToolMessage as JSON, so the governor can checkpoint it and resume
-    without re-running the tool; anything else (artifacts, Commands) passes unchanged."""
-    if isinstance(result, ToolMessage) and isinstance(result.content, str) and result.artifact is None:
-        return {_RECORD_MARK: True, "content": result.content, "name": result.name, "status": result.status}
-    return result
-
-
-def _from_record(value: Any, request: ToolCallRequest) -> Any:
-    """The ToolMessage again, answering *this* request's tool call id."""
-    if isinstance(value, dict) and value.get(_RECORD_MARK):
-        return ToolMessage(
-            content=value.get("content", ""),
-            tool_call_id=request.tool_call["id"],
-            name=value.get("name") or request.tool_call["name"],
-            status=value.get("status") or "success",
-        )
-    return value
-
-
-def _shield(handler: Callable[[ToolCallRequest], ToolResult], request: ToolCallRequest) -> Callable[[Any], Any]:
-    """One attempt of the ToolNode handler; LangGraph control flow is carried through."""
-
-    def attempt(_key: Any) -> Any:
-        try:
-            return _to_record(handler(request))
-        except GraphBubbleUp as exc:
-            return carry(exc)
-
-    return attempt
-
-
-def _ashield(
-    handler: Callable[[ToolCallRequest], Awaitable[ToolResult]], request: ToolCallRequest
-) -> Callable[[Any], Awaitable[Any]]:
-    async def attempt(_key: Any) -> Any:
-        try:
-            return _to_record(await handler(request))
-        except GraphBubbleUp as exc:
-            return carry(exc)
-
-    return attempt
 
 
 class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
@@ -142,9 +119,28 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         fallback_models: chat models tried in order while the agent's model is down
             (its breaker open, its transient retries spent); each is governed on its own
             endpoint (breaker, rate limits) and gets the same request.
+        govern_tool_calls: govern the agent's tool calls (the default). ``False`` for an
+            agent without tools: the middleware then defines no tool hook, and
+            ``create_agent`` builds the same graph as without it.
+
+    Where it goes in ``middleware=[...]``: first (outermost) is the documented place --
+    see the README for how it combines with the built-in middlewares.
     """
 
     state_schema = GovernorState
+
+    def __new__(cls, *args: Any, govern_tool_calls: bool = True, **kwargs: Any) -> GovernorMiddleware:
+        # create_agent decides by the *class* attribute whether a middleware has tool
+        # hooks (and then adds a tools node even to a tool-less agent), so the choice is
+        # a class: this one, or the subclass below that adds the hooks.
+        if cls is GovernorMiddleware and govern_tool_calls:
+            cls = _ToolCallGovernor
+        return super().__new__(cls)
+
+    @property
+    def name(self) -> str:
+        """The node name prefix in the agent graph: the same for both variants."""
+        return "GovernorMiddleware"
 
     def __init__(
         self,
@@ -154,8 +150,10 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         pruner_factory: Callable[[], MessagePruner] | None = None,
         record_messages: bool = True,
         fallback_models: Sequence[Any] = (),
+        govern_tool_calls: bool = True,
     ) -> None:
         super().__init__()
+        self.govern_tool_calls = govern_tool_calls
         self.governor = resolve_governor(governor)
         if pruner is not None and pruner_factory is not None:
             raise ValueError("pass pruner or pruner_factory, not both")
@@ -216,7 +214,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         return str(task_id) if task_id else "langgraph-run"
 
     @contextlib.contextmanager
-    def _scope(self, state: Any, runtime: Any) -> Iterator[None]:
+    def _scope(self, state: Any, runtime: Any, *, fatal_only: bool = False) -> Iterator[None]:
         if self.governor.current_task() is not None:
             yield
             return
@@ -227,6 +225,11 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         except Exception as exc:
             if isinstance(exc, GraphBubbleUp) and not isinstance(exc, lg.FatalError):
                 raise  # an interrupt pauses the run: the task goes on when it resumes
+            if fatal_only and not isinstance(exc, lg.FatalError):
+                # A tool-call error may be answered further out (the ToolNode turns a
+                # governed failure into a ToolMessage, a ToolErrorMiddleware formats
+                # one): only a fatal stop surely ends the run.
+                raise
             # The run is aborting (FatalError, a budget, a model error): after_agent will
             # not run, so end the task here. Otherwise the thread stays stuck with a spent
             # budget and runs without a thread_id leak their state. A checkpoint, if any,
@@ -248,7 +251,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         governed, _ = self._copies(request.model)
         return request if governed is request.model else request.override(model=governed)
 
-    def _model_call(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+    def _model_call(
+        self, request: ModelRequest[Any], handler: Callable[..., Any], capture: PromptCapture | None
+    ) -> tuple[str, dict[str, Any]]:
         """The endpoint and the keyword options of ``governor.call_model`` for ``request``."""
         messages, system = request.messages, request.system_message
         _, endpoint = self._copies(request.model)
@@ -259,7 +264,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             "fallbacks": [(self._copies(m)[1], _sent_to(m, handler)) for m in self._fallbacks],
         }
         if self.governor.emitting:
-            options["describe"] = describe(request.model, messages, system, self.record_messages)
+            options["describe"] = describe(request.model, messages, system, self.record_messages, capture)
         return endpoint, options
 
     @staticmethod
@@ -275,8 +280,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     ) -> Any:
         with self._scope(request.state, request.runtime):
             request = self._prepare(request)
-            endpoint, options = self._model_call(request, handler)
-            return self.governor.call_model(endpoint, handler, request, **options)
+            with capture_prompt(self.record_messages and self.governor.emitting) as capture:
+                endpoint, options = self._model_call(request, handler, capture)
+                return self.governor.call_model(endpoint, handler, request, **options)
 
     async def awrap_model_call(
         self,
@@ -285,76 +291,87 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     ) -> Any:
         with self._scope(request.state, request.runtime):
             request = self._prepare(request)
-            endpoint, options = self._model_call(request, handler)
-            return await self.governor.acall_model(endpoint, handler, request, **options)
+            with capture_prompt(self.record_messages and self.governor.emitting) as capture:
+                endpoint, options = self._model_call(request, handler, capture)
+                return await self.governor.acall_model(endpoint, handler, request, **options)
 
-    # -- tool calls ---------------------------------------------------------------------
+@contextlib.contextmanager
+def _surfacing() -> Iterator[None]:
+    """Governed failures climb through the middlewares inside this one as exceptions and
+    leave it in the form the ToolNode answers the model with (unless something further
+    out handles them first)."""
+    token = SURFACING.set(True)
+    try:
+        yield
+    except GovernedToolError as exc:
+        if exc.answerable:
+            raise
+        raise answerable(exc) from exc.__cause__
+    finally:
+        SURFACING.reset(token)
 
-    @staticmethod
-    def _needs_governing(request: ToolCallRequest) -> bool:
-        # Unknown tools are left to ToolNode (it answers with its own error message);
-        # wrapped tools already go through the governor.
-        return request.tool is not None and not isinstance(request.tool, GovernedTool)
 
-    @staticmethod
-    def _error_message(request: ToolCallRequest, exc: lg.AgentToolError) -> ToolMessage:
-        call = request.tool_call
-        return ToolMessage(
-            content=exc.info.to_model_text(),
-            tool_call_id=call["id"],
-            name=call["name"],
-            status="error",
-        )
+class _GovernedTools:
+    """One governed copy per tool object (a ToolNode reuses its tools on every call).
+
+    Bounded, since middleware may hand out new tool objects per request.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._by_id: OrderedDict[int, tuple[BaseTool, GovernedTool]] = OrderedDict()
+
+    def get(self, tool: BaseTool, governor: lg.Governor) -> GovernedTool:
+        with self._lock:
+            entry = self._by_id.get(id(tool))
+            if entry is not None and entry[0] is tool:
+                self._by_id.move_to_end(id(tool))
+                return entry[1]
+        governed = govern_tool(tool, governor)
+        with self._lock:
+            self._by_id[id(tool)] = (tool, governed)  # the pair keeps the id valid
+            while len(self._by_id) > self._size:
+                self._by_id.popitem(last=False)
+        return governed
+
+
+class _ToolCallGovernor(GovernorMiddleware):
+    """``GovernorMiddleware`` with tool hooks (what ``GovernorMiddleware(...)`` builds
+    unless ``govern_tool_calls=False``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._governed_tools = _GovernedTools()
+
+    def _governed_request(self, request: ToolCallRequest) -> ToolCallRequest:
+        """The request with its tool swapped for a governed copy (unknown tools are left
+        to ToolNode's own answer; a GovernedTool governs itself)."""
+        tool = request.tool
+        if tool is None or isinstance(tool, GovernedTool):
+            return request
+        return request.override(tool=self._governed_tools.get(tool, self.governor))
 
     def wrap_tool_call(
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], ToolResult],
     ) -> ToolResult:
-        with self._scope(request.state, request.runtime):
-            if not self._needs_governing(request):
-                # a GovernedTool governs itself; its events still get the tool call id
-                with self.governor.call_context(tool_call_id=request.tool_call.get("id")):
-                    return handler(request)
-            call = request.tool_call
-            try:
-                with self.governor.call_context(tool_call_id=call.get("id")):
-                    result: ToolResult = _from_record(
-                        passthrough(
-                            self.governor.call(call["name"], _shield(handler, request), key_args((), call["args"]))
-                        ),
-                        request,
-                    )
-            except lg.FatalError as exc:
-                # as a GraphBubbleUp too: a ToolNode(handle_tool_errors=True) must not turn it into text
-                raise fatal_stop(exc) from exc
-            except lg.AgentToolError as exc:
-                return self._error_message(request, exc)
-            return result
+        with (
+            self._scope(request.state, request.runtime, fatal_only=True),
+            self.governor.call_context(tool_call_id=request.tool_call.get("id")),
+            _surfacing(),
+        ):
+            return handler(self._governed_request(request))
 
     async def awrap_tool_call(
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolResult]],
     ) -> ToolResult:
-        with self._scope(request.state, request.runtime):
-            if not self._needs_governing(request):
-                with self.governor.call_context(tool_call_id=request.tool_call.get("id")):
-                    return await handler(request)
-            call = request.tool_call
-            try:
-                with self.governor.call_context(tool_call_id=call.get("id")):
-                    result: ToolResult = _from_record(
-                        passthrough(
-                            await self.governor.acall(
-                                call["name"], _ashield(handler, request), key_args((), call["args"])
-                            )
-                        ),
-                        request,
-                    )
-            except lg.FatalError as exc:
-                # as a GraphBubbleUp too: a ToolNode(handle_tool_errors=True) must not turn it into text
-                raise fatal_stop(exc) from exc
-            except lg.AgentToolError as exc:
-                return self._error_message(request, exc)
-            return result
+        with (
+            self._scope(request.state, request.runtime, fatal_only=True),
+            self.governor.call_context(tool_call_id=request.tool_call.get("id")),
+            _surfacing(),
+        ):
+            return await handler(self._governed_request(request))

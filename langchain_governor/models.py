@@ -133,9 +133,12 @@ def prompt_tokens(messages: Sequence[BaseMessage], system: BaseMessage | None) -
     return count_tokens_approximately([system, *messages] if system is not None else list(messages))
 
 
-def describe(model: Any, messages: Sequence[BaseMessage], system: BaseMessage | None, record: bool) -> Any:
+def describe(
+    model: Any, messages: Sequence[BaseMessage], system: BaseMessage | None, record: bool, capture: Any = None
+) -> Any:
     """The ``model_call`` event fields the core cannot know (model name, finish reason,
-    the prompt as sent)."""
+    the prompt: as the chat model received it when ``capture`` caught it -- middlewares
+    inside the governor may have edited it -- else as the governor handed it on)."""
 
     def fields(result: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"model": model_name(model)}
@@ -143,8 +146,10 @@ def describe(model: Any, messages: Sequence[BaseMessage], system: BaseMessage | 
         metadata = getattr(reply, "response_metadata", None) or {}
         out["finish_reason"] = metadata.get("finish_reason") or metadata.get("stop_reason")
         if record:
-            seen = [system, *messages] if system is not None else list(messages)
-            out["messages"] = openai_messages(seen)
+            sent = getattr(capture, "sent", None)
+            if sent is None:  # no chat-model run reported its prompt (a stubbed handler, a failure)
+                sent = [system, *messages] if system is not None else list(messages)
+            out["messages"] = openai_messages(sent)
         return out
 
     return fields

@@ -13,31 +13,61 @@ of the wrapper already validated the arguments against the same schema, injected
 runtime arguments and opened the tool's callback run. Invoking the inner tool again
 would do all of it twice (about 2x the cost of a plain call, and two tool runs in every
 trace); calling its ``_run`` keeps the wrapper within a few percent of the plain tool.
+
+How a non-fatal governed failure comes out depends on who called. Run by a LangGraph
+``ToolNode`` (``create_agent``, ``create_react_agent``, a graph of your own) it is raised as a
+:class:`~langchain_governor.errors.GovernedToolError`, which the ToolNode's error handling
+answers (by default with the governor's JSON). Called directly (``invoke`` outside a
+ToolNode, a legacy ``AgentExecutor``) it comes back as content: an error ``ToolMessage``
+for a tool call, the JSON text otherwise.
+
+A tool cannot see whether a middleware around it handles exceptions, so a governed tool
+on its own answers at the ToolNode; under ``GovernorMiddleware`` (or with
+``raise_errors=True``) the failure is raised to the middlewares between, and the
+middleware turns it into the answerable form on its way out.
+
+One retrier per call: when something around a governed call runs it again for the same
+tool call in the same LangGraph task after the governor retried a transient failure to
+the end (a retry wrapper re-calling the handler), the governed outcome is replayed
+instead of calling the tool again, so retries never multiply. A permanent failure was
+tried once; an outer retrier may try it again (inside a task the governor's known-bad
+memory answers it without a call).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NoReturn
 
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, ToolException
+from langchain_core.tools import BaseTool
 from langchain_core.tools import tool as as_tool
-from langgraph.errors import GraphBubbleUp
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 import loop_governor as lg
 from langchain_governor._common import (
     accepts_param,
     carry,
     config_param,
+    graph_task_id,
+    in_tool_node,
+    is_control_flow,
     key_args,
     passthrough,
     resolve_governor,
+    tool_message_from_record,
+    tool_message_record,
 )
-from langchain_governor.errors import GovernedFatalError, fatal_stop
+from langchain_governor.errors import GovernedFatalError, GovernedToolError, fatal_stop, tool_error
+
+__all__ = ["GovernedTool", "GovernedToolError", "govern_tool", "govern_tools"]
 
 # Fields copied verbatim from the wrapped tool: everything a model, a ToolNode or a
 # callback sees of a tool. ``args_schema`` is the same object, not a copy.
@@ -55,31 +85,65 @@ _COPIED_FIELDS = (
     "extras",
 )
 
+# The tool call id of the run in progress (BaseTool.run knows it; _run is not told).
+_TOOL_CALL_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("lg_tool_call_id", default=None)
 
-class GovernedToolError(ToolException):
-    """Carries a non-fatal governed failure out of ``_run`` to ``BaseTool.run``.
+# Set by GovernorMiddleware around the calls below it: it will turn a governed failure
+# into the form the ToolNode answers, so the tool raises it for the middlewares between.
+SURFACING: contextvars.ContextVar[bool] = contextvars.ContextVar("lg_surfacing_tool_errors", default=False)
 
-    ``BaseTool.run`` turns a ``ToolException`` into ``ToolMessage(status="error")`` when
-    the tool was called with a tool-call id (and into a plain string otherwise); the
-    content is the governor's model-facing JSON.
+
+@contextlib.contextmanager
+def _inner_scope() -> Iterator[bool]:
+    """Whether a GovernorMiddleware around this call surfaces its failures; switched off
+    for whatever the tool itself runs (a nested agent's tools answer at their own ToolNode)."""
+    token = SURFACING.set(False)
+    try:
+        yield token.old_value is True
+    finally:
+        SURFACING.reset(token)
+
+
+class _Outcomes:
+    """Governed failures of recent tool calls, by (LangGraph task, tool call id).
+
+    Bounded: an entry only matters while the task that made it may still re-run the
+    same call (a retry wrapper around it), which is moments later.
     """
 
-    def __init__(self, error: lg.AgentToolError) -> None:
-        self.error = error
-        super().__init__(error.info.to_model_text())
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, str], lg.AgentToolError] = OrderedDict()
 
+    def get(self, key: tuple[str, str] | None) -> lg.AgentToolError | None:
+        if key is None:
+            return None
+        with self._lock:
+            return self._items.get(key)
 
-def _governed_error_text(exc: ToolException) -> str:
-    if isinstance(exc, GovernedToolError):
-        return exc.error.info.to_model_text()
-    raise exc
+    def replay(self, key: tuple[str, str] | None) -> lg.AgentToolError | None:
+        """The outcome to give this call again: a transient failure the governor already
+        retried to the end (a permanent one was tried once; see the module doc)."""
+        error = self.get(key)
+        return error if error is not None and error.info.error_type is lg.ErrorType.TRANSIENT else None
+
+    def put(self, key: tuple[str, str] | None, error: lg.AgentToolError) -> None:
+        if key is None:
+            return
+        with self._lock:
+            self._items[key] = error
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
 
 
 class GovernedTool(BaseTool):
     """A ``BaseTool`` whose runs go through a :class:`loop_governor.Governor`.
 
-    Non-fatal governed failures come back as content (``ToolMessage(status="error")``
-    for tool calls); a fatal one propagates and stops the run, as a
+    Non-fatal governed failures are raised as
+    :class:`~langchain_governor.errors.GovernedToolError` inside a LangGraph run and come
+    back as content otherwise (``ToolMessage(status="error")`` for tool calls); a fatal one
+    propagates and stops the run, as a
     :class:`~langchain_governor.errors.GovernedFatalError` (a ``loop_governor.FatalError``
     that LangGraph's ``ToolNode(handle_tool_errors=True)`` cannot swallow).
     The inner tool's own ``handle_tool_error`` is bypassed on purpose: the governor's
@@ -90,12 +154,17 @@ class GovernedTool(BaseTool):
 
     inner: BaseTool = Field(exclude=True)
     governor: lg.Governor = Field(exclude=True)
-    handle_tool_error: Any = _governed_error_text
+    raise_errors: bool = Field(default=False, exclude=True)
+    """Raise non-fatal governed failures to the middlewares around the call (a
+    ``ToolErrorMiddleware`` or ``ToolRetryMiddleware`` sees them) instead of answering the
+    model at the ToolNode; one that nothing handles then ends the run, as the tool's own
+    exception would. ``GovernorMiddleware`` does this for every call it wraps."""
+    _outcomes: _Outcomes = PrivateAttr(default_factory=_Outcomes)
 
     @classmethod
-    def wrap(cls, inner: BaseTool, governor: lg.Governor) -> GovernedTool:
+    def wrap(cls, inner: BaseTool, governor: lg.Governor, *, raise_errors: bool = False) -> GovernedTool:
         fields = {name: getattr(inner, name) for name in _COPIED_FIELDS}
-        return cls(inner=inner, governor=governor, **fields)
+        return cls(inner=inner, governor=governor, raise_errors=raise_errors, **fields)
 
     # -- what LangChain introspects -------------------------------------------------
 
@@ -129,14 +198,73 @@ class GovernedTool(BaseTool):
             return frozenset(schema.get("properties", {}))
         # pydantic v2 schema, else a v1 one
         fields = getattr(schema, "model_fields", None) or getattr(schema, "__fields__", {})
-        return frozenset(fields)
+        # an injected argument (ToolRuntime, state, ...) can still be a schema field
+        # hidden from the JSON schema only: it is the runtime's, not the call's identity
+        return frozenset(fields) - self._injected_args_keys
 
     def _call_key_value(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """The model-visible arguments only: runtime, state and callbacks are not identity."""
         visible = self._model_fields
         return key_args(args, {k: v for k, v in kwargs.items() if k in visible})
 
+    # -- entry points: who called decides how a failure comes out ----------------------
+
+    def run(self, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        tool_call_id = kwargs.get("tool_call_id")
+        token = _TOOL_CALL_ID.set(tool_call_id)
+        try:
+            return super().run(tool_input, *args, **kwargs)
+        except GovernedToolError as exc:
+            return self._answer_or_raise(exc, kwargs.get("config"), tool_call_id)
+        finally:
+            _TOOL_CALL_ID.reset(token)
+
+    async def arun(self, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        tool_call_id = kwargs.get("tool_call_id")
+        token = _TOOL_CALL_ID.set(tool_call_id)
+        try:
+            return await super().arun(tool_input, *args, **kwargs)
+        except GovernedToolError as exc:
+            return self._answer_or_raise(exc, kwargs.get("config"), tool_call_id)
+        finally:
+            _TOOL_CALL_ID.reset(token)
+
+    def _answer_or_raise(self, exc: GovernedToolError, config: Any, tool_call_id: str | None) -> Any:
+        """Re-raise to a LangGraph ToolNode; elsewhere the JSON is the tool's answer."""
+        if in_tool_node(config):
+            raise exc
+        if tool_call_id is None:
+            return exc.message
+        return ToolMessage(content=exc.message, tool_call_id=tool_call_id, name=self.name, status="error")
+
     # -- execution --------------------------------------------------------------------
+
+    @staticmethod
+    def _outcome_key(config: RunnableConfig) -> tuple[str, str] | None:
+        task, call_id = graph_task_id(config), _TOOL_CALL_ID.get()
+        if task is None or call_id is None:
+            return None
+        return (task, call_id)
+
+    def _replayed(self, outcome_key: tuple[str, str] | None, surfaced: bool) -> None:
+        error = self._outcomes.replay(outcome_key)
+        if error is not None:
+            self.governor.emit_tool_error(self.name, error.info, call_key=None, replayed=True)
+            raise tool_error(error, answerable=not surfaced) from error.__cause__
+
+    def _raise_failure(self, exc: lg.AgentToolError, outcome_key: tuple[str, str] | None, surfaced: bool) -> NoReturn:
+        if isinstance(exc, GovernedFatalError):
+            raise exc  # already the pass-through form (a fatal stop from further in)
+        if isinstance(exc, lg.FatalError):
+            raise fatal_stop(exc) from exc
+        cause = exc.__cause__
+        if cause is None and (earlier := self._outcomes.get(outcome_key)) is not None:
+            # the known-bad memory answered this call again: it is still the same tool
+            # exception to the middlewares around it (a retry wrapper keyed on its class)
+            cause = earlier.__cause__
+        else:
+            self._outcomes.put(outcome_key, exc)
+        raise tool_error(exc, answerable=not surfaced, cause=cause) from cause
 
     def _run(
         self,
@@ -145,22 +273,31 @@ class GovernedTool(BaseTool):
         run_manager: CallbackManagerForToolRun | None = None,
         **kwargs: Any,
     ) -> Any:
+        with _inner_scope() as surfaced:
+            return self._governed_run(args, kwargs, config, run_manager, surfaced or self.raise_errors)
+
+    def _governed_run(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], config: RunnableConfig, run_manager: Any, surfaced: bool
+    ) -> Any:
         key = self._call_key_value(args, kwargs)
+        outcome_key = self._outcome_key(config)
+        self._replayed(outcome_key, surfaced)
         call_kwargs = _inner_kwargs(self._inner_sync, kwargs, run_manager, config)
         inner_run = self.inner._run
 
         def attempt(_key: Any) -> Any:
             try:
-                return inner_run(*args, **call_kwargs)
-            except GraphBubbleUp as exc:
-                return carry(exc)
+                return tool_message_record(inner_run(*args, **call_kwargs))
+            except Exception as exc:
+                if is_control_flow(exc):
+                    return carry(exc)
+                raise
 
         try:
-            return passthrough(self.governor.call(self.name, attempt, key))
-        except GovernedFatalError:
-            raise  # already the pass-through form (a fatal stop from further in)
+            value = passthrough(self.governor.call(self.name, attempt, key))
         except lg.AgentToolError as exc:
-            raise _for_langgraph(exc) from exc
+            self._raise_failure(exc, outcome_key, surfaced)
+        return tool_message_from_record(value, _TOOL_CALL_ID.get())
 
     async def _arun(
         self,
@@ -169,22 +306,31 @@ class GovernedTool(BaseTool):
         run_manager: AsyncCallbackManagerForToolRun | None = None,
         **kwargs: Any,
     ) -> Any:
+        with _inner_scope() as surfaced:
+            return await self._agoverned_run(args, kwargs, config, run_manager, surfaced or self.raise_errors)
+
+    async def _agoverned_run(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], config: RunnableConfig, run_manager: Any, surfaced: bool
+    ) -> Any:
         key = self._call_key_value(args, kwargs)
+        outcome_key = self._outcome_key(config)
+        self._replayed(outcome_key, surfaced)
         call_kwargs = _inner_kwargs(self._inner_async, kwargs, run_manager, config)
         inner_arun = self.inner._arun
 
         async def attempt(_key: Any) -> Any:
             try:
-                return await inner_arun(*args, **call_kwargs)
-            except GraphBubbleUp as exc:
-                return carry(exc)
+                return tool_message_record(await inner_arun(*args, **call_kwargs))
+            except Exception as exc:
+                if is_control_flow(exc):
+                    return carry(exc)
+                raise
 
         try:
-            return passthrough(await self.governor.acall(self.name, attempt, key))
-        except GovernedFatalError:
-            raise  # already the pass-through form (a fatal stop from further in)
+            value = passthrough(await self.governor.acall(self.name, attempt, key))
         except lg.AgentToolError as exc:
-            raise _for_langgraph(exc) from exc
+            self._raise_failure(exc, outcome_key, surfaced)
+        return tool_message_from_record(value, _TOOL_CALL_ID.get())
 
 
 def _inner_kwargs(
@@ -201,30 +347,26 @@ def _inner_kwargs(
     return call_kwargs
 
 
-def _for_langgraph(exc: lg.AgentToolError) -> Exception:
-    """What a governed failure becomes inside LangGraph: a fatal stop it lets through to
-    the caller, or a tool error its ToolNode turns into ``ToolMessage(status="error")``."""
-    if isinstance(exc, lg.FatalError):
-        return fatal_stop(exc)
-    return GovernedToolError(exc)
-
-
-def govern_tool(tool: BaseTool | Callable[..., Any], governor: lg.Governor | None = None) -> GovernedTool:
+def govern_tool(
+    tool: BaseTool | Callable[..., Any], governor: lg.Governor | None = None, *, raise_errors: bool = False
+) -> GovernedTool:
     """Wrap one tool (a ``BaseTool`` or a plain function with a docstring).
 
-    Wrapping a :class:`GovernedTool` again re-wraps its inner tool, so a tool is never
-    governed twice.
+    ``raise_errors=True``: see :attr:`GovernedTool.raise_errors`. Wrapping a
+    :class:`GovernedTool` again re-wraps its inner tool, so a tool is never governed twice.
     """
     gov = resolve_governor(governor)
     if isinstance(tool, GovernedTool):
-        return tool if tool.governor is gov else GovernedTool.wrap(tool.inner, gov)
+        if tool.governor is gov and tool.raise_errors == raise_errors:
+            return tool
+        return GovernedTool.wrap(tool.inner, gov, raise_errors=raise_errors)
     base = tool if isinstance(tool, BaseTool) else as_tool(tool)
-    return GovernedTool.wrap(base, gov)
+    return GovernedTool.wrap(base, gov, raise_errors=raise_errors)
 
 
 def govern_tools(
-    tools: Iterable[BaseTool | Callable[..., Any]], governor: lg.Governor | None = None
+    tools: Iterable[BaseTool | Callable[..., Any]], governor: lg.Governor | None = None, *, raise_errors: bool = False
 ) -> list[GovernedTool]:
     """Wrap every tool with the same governor (shared breakers, budgets and task state)."""
     gov = resolve_governor(governor)
-    return [govern_tool(t, gov) for t in tools]
+    return [govern_tool(t, gov, raise_errors=raise_errors) for t in tools]

@@ -95,7 +95,7 @@ def record_success(rt: Runtime, scope: TaskScope, key: str, result: Any) -> None
     except CheckpointSerializationError as exc:
         # The call succeeded; failing the agent because its result isn't JSON would
         # be worse than not skipping it on resume. Say so in the trace instead.
-        rt.events.emit("checkpoint_skipped", call_key=key, reason=str(exc))
+        rt.events.emit("checkpoint_skipped", call_key=key, reason=redact(f"{type(exc).__name__}: {exc}")[:500])
 
 
 def stop_run(rt: Runtime, scope: TaskScope | None, error: AgentToolError) -> AgentToolError:

@@ -119,7 +119,10 @@ _FATAL_TEXT = re.compile(
     r"|security token included in the request is (?:invalid|expired)|invalidclienttokenid"
     r"|unrecognizedclientexception|signaturedoesnotmatch|password authentication failed"
     r"|\bwrongpass\b|\bnoauth\b|authentication required|no api key provided|quota (?:exceeded|exhausted)"
-    r"(?!.{0,80}\bper\s+(?:second|minute|hour))|exceeded (?:the |your )?quota(?!.{0,80}\bper\s+(?:second|minute|hour))",
+    r"(?!.{0,80}\bper\s+(?:second|minute|hour))|exceeded (?:the |your )?quota(?!.{0,80}\bper\s+(?:second|minute|hour))"
+    # Anthropic's spend and usage limits (a 429 rate_limit_error or a 400): no wait lifts them
+    r"|spend(?:ing)? limit|(?:specified|monthly) (?:api )?usage limits?|regain access on"
+    r"|(?:extra usage|usage credits) (?:is|are) required",
     re.I | re.S,
 )
 
@@ -147,7 +150,7 @@ for _names, _kind in (
         "invalidsignatureexception authfailure missingauthenticationtoken "
         "missingauthenticationtokenexception notauthorizedexception optinrequired accountproblem "
         "unauthenticated noauth wrongpass invalidaccesskeyid incompletesignature "
-        "credit_balance_too_low payment_required",
+        "credit_balance_too_low payment_required billing_error",
         _F,
     ),
     (
@@ -187,7 +190,8 @@ for _names, _kind in (
     (
         "authenticationerror authenticationrequirederror nocredentialserror partialcredentialserror "
         "credentialretrievalerror unauthorizedssotokenerror tokenretrievalerror unauthenticated "
-        "unauthorized noregionerror memoryerror keyboardinterrupt systemexit paymentrequired",
+        "unauthorized noregionerror memoryerror keyboardinterrupt systemexit paymentrequired "
+        "credentialserror defaultcredentialserror",
         _F,
     ),
     (
@@ -283,6 +287,8 @@ _MSG_STATUS = re.compile(
     re.I,
 )
 _MSG_RETRY_IN = re.compile(r"(?:try again|retry) in (\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?)\b", re.I)
+
+_PERMISSION_CODES = frozenset({"permission_error", "permission_denied"})
 
 # Chain attributes beyond __cause__/__context__: tenacity, google-api-core, urllib,
 # urllib3, SQLAlchemy and aiohttp keep the underlying error under these names.
@@ -492,13 +498,19 @@ def _raw_retry_after(exc: BaseException, text: str) -> float | None:
     return None
 
 
-def _status_kind(status: int, text: str) -> ErrorType:
+_ACCOUNT_403 = re.compile(r"billing|suspend|credit|deactivat|payment|quota", re.I)
+_KEY_403 = re.compile(r"api[ _-]?key", re.I)
+
+
+def _status_kind(status: int, text: str, key_is_fatal: bool = True) -> ErrorType:
     if status in (408, 425, 429) or status >= 500:
         return _T
     if status in (401, 402, 407):
         return _F
     if status == 403:
-        if re.search(r"billing|suspend|api[ _-]?key|credit|deactivat|payment|quota", text, re.I):
+        # A 403 about the account (billing, suspension) stops the run; one naming the API
+        # key too, unless the provider said it is a permission on a resource.
+        if _ACCOUNT_403.search(text) or (key_is_fatal and _KEY_403.search(text)):
             return _F
         return _P
     if 400 <= status < 500:
@@ -605,7 +617,9 @@ def _link_evidence(exc: BaseException, rules: Sequence[Rule]) -> tuple[_Evidence
             # status that says more: 401 is fatal, 403 naming the API key is fatal, 5xx
             # is transient.
             if kind is _P and status is not None:
-                by_status = _status_kind(status, text)
+                # Anthropic's permission_error ("Your API key does not have permission to use
+                # the specified resource"): that resource is out of reach, the key is fine.
+                by_status = _status_kind(status, text, key_is_fatal=low not in _PERMISSION_CODES)
                 if by_status is not _P:
                     return _Evidence(by_status, _S_STATUS, "status", status, code), status, text
             if kind is _T and low == "resource_exhausted" and _MSG_TOO_LARGE.search(text):
@@ -725,6 +739,15 @@ def normalize_message(message: str, limit: int | None = 1000) -> str:
     return text.strip()
 
 
+def _with_type(exc_type: str, message: str) -> str:
+    """``KeyError: 'foo'`` rather than ``'foo'``: the model reads the message alone, and for
+    many exceptions (KeyError, IndexError, a bare TimeoutError) the text means nothing without
+    the type. As Python prints the last line of a traceback."""
+    if message == exc_type or message.startswith(f"{exc_type}:"):
+        return message
+    return f"{exc_type}: {message}"
+
+
 def _signature(tool: str | None, exc_type: str, message: str) -> str:
     return f"{tool or '-'}:{exc_type}:{normalize_message(message)[:100]}"
 
@@ -765,17 +788,18 @@ def _classify(exc: BaseException, tool: str | None, rules: Sequence[Rule], unkno
     else:
         kind, source, status_out, code = best.kind, best.source, best.status or first_status, best.code
     exc_type = type(best_exc).__name__
-    message = redact(_safe_str(best_exc) or exc_type)
-    if not _safe_str(best_exc) and best_text:
-        message = redact(best_text)
+    raw = _safe_str(best_exc)
+    message = redact(raw or best_text or exc_type)
     return ErrorInfo(
         error_type=kind,
         retryable=kind is ErrorType.TRANSIENT,
         status=status_out,
         code=code,
+        # from the text alone (the type is a field of its own): the same as before the type
+        # joined the message, so stored known-bad signatures keep matching
         signature=_signature(tool, exc_type, message),
         retry_after=retry_after if kind is ErrorType.TRANSIENT else None,
-        message=truncate(message),
+        message=truncate(_with_type(exc_type, message)),
         exception_type=exc_type,
         evidence=source,
     )

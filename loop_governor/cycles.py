@@ -58,7 +58,11 @@ class CycleTracker:
         history.append((tool, args, result))
         if n + 1 > _HISTORY:
             del history[0]
-        period = next((p for p in PERIODS if runs[p] >= (2 if p == 1 else p)), 0)
+        period = 0
+        for p in PERIODS:
+            if runs[p] >= (2 if p == 1 else p):
+                period = p
+                break
         if not period:
             self._period = self._since = 0
             return OK

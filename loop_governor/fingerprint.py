@@ -16,7 +16,6 @@ back empty. So the guards compare
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,7 +50,6 @@ WALK_KEYS = frozenset(
 _WALKING = "<walk>"
 _DIGITS = b"0123456789"
 _BOUND = 4096  # results longer than this are compared on their head, tail and length
-_SPACE = re.compile(r"\s+")
 
 
 def result_text(result: Any) -> str | None:
@@ -116,12 +114,25 @@ class Fingerprint:
         return self.full == other.full
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _spaced(text: str) -> str:
+    """Whitespace runs collapsed (cheap checks first: tool arguments are often big)."""
+    if len(text) < 64 or "  " in text or "\n" in text or "\t" in text or "\r" in text:
+        return " ".join(text.split())
+    return text.strip()
+
+
 def _norm(value: Any, walks: list[Any], depth: int = 0) -> Any:
-    if isinstance(value, str):
-        return " ".join(value.split()) if _SPACE.search(value) else value
+    kind = type(value)
+    if kind is str:
+        return _spaced(value)
+    if kind in _SCALARS:
+        return value
     if depth > 8:
-        return repr(type(value))
-    if isinstance(value, Mapping):
+        return repr(kind)
+    if isinstance(value, dict) or isinstance(value, Mapping):
         items = []
         for k, v in value.items():
             name = str(k)
@@ -132,8 +143,10 @@ def _norm(value: Any, walks: list[Any], depth: int = 0) -> Any:
                 items.append((name, _norm(v, walks, depth + 1)))
         return tuple(sorted(items))
     if isinstance(value, (list, tuple)):
-        return tuple(_norm(v, walks, depth + 1) for v in value)
-    if isinstance(value, (int, float, bool)) or value is None:
+        return tuple([_norm(v, walks, depth + 1) for v in value])
+    if isinstance(value, str):
+        return _spaced(value)
+    if isinstance(value, (int, float)):
         return value
     return repr(value)[:200]
 

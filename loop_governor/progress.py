@@ -97,7 +97,7 @@ class ProgressGuard:
     threshold: int = 3
     trivial_chars: int = 10
     then: int = 2
-    _by_tool: dict[str, tuple[Fingerprint, int, tuple[Any, tuple[int, int] | None]]] = field(default_factory=dict)
+    _by_tool: dict[str, _Seen] = field(default_factory=dict)
 
     def observe(
         self,
@@ -113,15 +113,16 @@ class ProgressGuard:
             return OK
         fp = result if isinstance(result, Fingerprint) else Fingerprint(result)
         by_tool = self._by_tool
+        seen = _Seen(fp, args, signature)
         prev = by_tool.get(tool)
-        if prev is None or not _same_verdict(fp, args, signature, prev):
-            by_tool[tool] = (fp, 1, (args, signature))  # a new verdict: no streak (triviality doesn't matter yet)
+        if prev is None or not seen.repeats(prev):
+            by_tool[tool] = seen  # a new verdict: no streak (triviality doesn't matter yet)
             return OK
         if is_trivial(fp.text, self.trivial_chars):
             del by_tool[tool]  # "0" again after "0": an exit code, not a verdict
             return OK
-        streak = prev[1] + 1
-        by_tool[tool] = (fp, streak, (args, signature))
+        seen.streak = streak = prev.streak + 1
+        by_tool[tool] = seen
         if streak < self.threshold:
             return OK
         limit = self.then if then is None else then
@@ -134,40 +135,44 @@ class ProgressGuard:
 _NUMBER = re.compile(r"\d+")
 
 
-def _numbers(args: Any) -> frozenset[str]:
-    return frozenset(_NUMBER.findall(repr(args)[:4000]))
+class _Seen:
+    """One tool's latest result, with what is needed to compare the next one to it."""
 
+    __slots__ = ("_numbers", "args", "fp", "signature", "streak")
 
-def _same_verdict(
-    fp: Fingerprint, args: Any, signature: tuple[int, int] | None, prev: tuple[Fingerprint, int, Any]
-) -> bool:
-    """Whether a result repeats the tool's previous one: equal but for numbers, unless
-    those numbers are the ones the arguments asked for; for a call that only walked on
-    (another page of the same query), equal outright."""
-    before, _, (prev_args, prev_signature) = prev
-    if not fp.same_as(before, full=False):
-        return False
-    if signature is not None and prev_signature is not None and signature[0] == prev_signature[0]:
-        if signature[1] != prev_signature[1]:
-            return fp.text == before.text  # a new page with new ids is progress
-    return not _echoes(fp, args, before, prev_args)
+    def __init__(self, fp: Fingerprint, args: Any, signature: tuple[int, int] | None) -> None:
+        self.fp = fp
+        self.args = args
+        self.signature = signature
+        self.streak = 1
+        self._numbers: frozenset[str] | None = None
 
+    def numbers(self) -> frozenset[str]:
+        """The numbers the call's arguments carry (computed once, when first asked)."""
+        if self._numbers is None:
+            self._numbers = frozenset(_NUMBER.findall(repr(self.args)[:4000]))
+        return self._numbers
 
-def _echoes(fp: Fingerprint, args: Any, prev: Fingerprint, prev_args: Any) -> bool:
-    """Whether two results that differ only in numbers differ in numbers their own
-    arguments carry: "item 4 done" for item 4 after "item 3 done" for item 3 is progress
-    through a batch, while a verdict whose score alone moves is not.
-
-    Asked only when the cheap comparison found the results equal but the texts differ.
-    """
-    if fp.text == prev.text or args is None or prev_args is None:
-        return False
-    mine, theirs = _numbers(args), _numbers(prev_args)
-
-    def refined(text: str, keep: frozenset[str]) -> str:
-        return _NUMBER.sub(lambda m: m.group() if m.group() in keep else "#", text[:4096])
-
-    return refined(fp.text, mine) != refined(prev.text, theirs)
+    def repeats(self, prev: _Seen) -> bool:
+        """Whether this result repeats ``prev``: equal but for numbers, unless those numbers
+        are the ones the arguments asked for ("item 4 done" for item 4 after "item 3 done"
+        for item 3 is progress through a batch; a verdict whose score alone moves is not);
+        for a call that only walked on (another page of the same query), equal outright."""
+        fp, before = self.fp, prev.fp
+        if not fp.same_as(before, full=False):
+            return False
+        if fp.text == before.text:
+            return True
+        mine, theirs = self.signature, prev.signature
+        if mine is not None and theirs is not None and mine[0] == theirs[0] and mine[1] != theirs[1]:
+            return False  # a new page whose answer differs (new ids) is progress
+        if self.args is None or prev.args is None:
+            return True
+        # the cheap forms are equal, so the texts differ only in their numbers, position
+        # by position: a changed number both calls' arguments carry is the batch moving on
+        now, then = _NUMBER.findall(fp.text[:4096]), _NUMBER.findall(before.text[:4096])
+        changed = [(a, b) for a, b in zip(now, then, strict=False) if a != b]
+        return not any(a in self.numbers() and b in prev.numbers() for a, b in changed)
 
 
 class NoProgress(Policy):

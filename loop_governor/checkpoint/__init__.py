@@ -5,7 +5,8 @@
 >>> cp = store.load("task-1") or TaskCheckpoint(task_id="task-1")  # doctest: +SKIP
 >>> cp.record_success(call_key, result); store.save(cp)        # doctest: +SKIP
 
-See :mod:`loop_governor.checkpoint.base` for the rules every store follows.
+See :mod:`loop_governor.checkpoint.base` for the rules every store follows, and
+:mod:`loop_governor.checkpoint.journal` for how a save writes only what changed.
 """
 
 from loop_governor.checkpoint.base import CheckpointStore
@@ -17,8 +18,9 @@ from loop_governor.checkpoint.errors import (
     CheckpointSerializationError,
 )
 from loop_governor.checkpoint.file_store import FileCheckpointStore
+from loop_governor.checkpoint.journal import Compaction
 from loop_governor.checkpoint.memory_store import MemoryCheckpointStore
-from loop_governor.checkpoint.model import SCHEMA_VERSION, Serializer, TaskCheckpoint, storage_key
+from loop_governor.checkpoint.model import SCHEMA_VERSION, Serializer, TaskCheckpoint, configure_key_memo, storage_key
 from loop_governor.checkpoint.redis_store import RedisCheckpointStore
 from loop_governor.checkpoint.sqlite_store import SQLiteCheckpointStore
 from loop_governor.checkpoint.url import checkpoint_store_from_url
@@ -31,6 +33,7 @@ __all__ = [
     "CheckpointSchemaError",
     "CheckpointSerializationError",
     "CheckpointStore",
+    "Compaction",
     "FileCheckpointStore",
     "MemoryCheckpointStore",
     "RedisCheckpointStore",
@@ -38,5 +41,6 @@ __all__ = [
     "Serializer",
     "TaskCheckpoint",
     "checkpoint_store_from_url",
+    "configure_key_memo",
     "storage_key",
 ]

@@ -4,13 +4,19 @@ Rules (tested for every store):
 
 * ``save(cp)`` is atomic: a reader sees the old checkpoint or the new one, never a mix,
   even if the writer is killed mid-save.
+* ``save(cp)`` writes what changed since ``cp`` was last loaded or saved (one journal
+  record, see :mod:`loop_governor.checkpoint.journal`), so its cost does not grow with
+  the task; now and then it writes a full snapshot instead (compaction, first save,
+  ``force``, or a checkpoint the store did not produce). A failed save leaves the
+  changes in ``cp`` for the next one.
 * ``save(cp)`` is conditional: it succeeds only if the stored version is still
   ``cp.version`` (0 = "nothing stored yet"), then stores ``cp.version + 1`` and updates
   ``cp.version`` and ``cp.updated_at`` in place. Otherwise ``CheckpointConflictError``.
   ``force=True`` overwrites whatever is stored.
 * ``load`` returns ``None`` only when nothing is stored. Data that does not verify raises
   ``CheckpointCorruptedError`` after writing a quarantine copy; the original stays put,
-  and ``save`` refuses to overwrite it unless ``force=True``.
+  and ``save`` refuses to overwrite it unless ``force=True``. (A save appends without
+  re-reading the whole journal: damage inside it is reported by the next ``load``.)
 """
 
 from __future__ import annotations

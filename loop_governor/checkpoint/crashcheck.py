@@ -20,13 +20,18 @@ not lose data already handed to the kernel. A worker resumes from the step store
 it started (``previous``) and saves ``previous + 1, previous + 2, ...``, so after the
 kill, with ``base = max(acked, previous)``: ``base <= stored <= base + 1``. The lower
 bound is "no returned save is lost"; the ``+ 1`` is a save that reached the store but was
-killed before returning (for the file store, during the directory fsync after the
-rename) or before its ack.
+killed before returning (for the file store, during the fsync of its journal record or
+of the directory after a snapshot's rename) or before its ack.
+
+Kills must also land during compaction, the one multi-step write: workers take
+``store_options`` (e.g. ``compact_min_bytes=8192, compact_ratio=0``, a compaction every
+~20 saves), and :func:`file_store_state` tells from the files what a kill interrupted.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -35,7 +40,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
+from loop_governor.checkpoint import file_journal
+from loop_governor.checkpoint.codec import CorruptData
+from loop_governor.checkpoint.file_store import FileCheckpointStore, snapshot_header
 from loop_governor.checkpoint.model import TaskCheckpoint
 from loop_governor.checkpoint.url import checkpoint_store_from_url
 from loop_governor.errors import ErrorType, GovernedError
@@ -94,6 +103,37 @@ def problems(cp: TaskCheckpoint, acked: int, previous: int) -> list[str]:
     return found
 
 
+def file_store_state(store: FileCheckpointStore, task_id: str) -> str:
+    """What a kill left for ``task_id`` in a file store, from the files alone.
+
+    ``"stale journal"``: killed after a compaction's snapshot rename, before the journal
+    was emptied; ``"torn record"``: killed mid-append; ``"torn journal start"``: killed
+    while restarting the journal; ``"clean"`` otherwise. (A kill mid-snapshot-write
+    shows as a new ``.tmp-*.part`` file instead: see :func:`temp_files`.)
+    """
+    try:
+        snapshot = snapshot_header(store.path_for(task_id).read_bytes())
+        journal = store.journal_path_for(task_id).read_bytes()
+    except FileNotFoundError:
+        return "clean"
+    if snapshot is None or not journal:
+        return "clean"
+    try:
+        header, _ = file_journal.parse_header(journal)
+    except CorruptData:
+        return "damaged journal header"
+    if header is None:
+        return "torn journal start"
+    if header != snapshot:
+        return "stale journal"
+    return "torn record" if not journal.endswith(b"\n") else "clean"
+
+
+def temp_files(directory: Path) -> set[str]:
+    """Temp files in a file store's directory (each left by a snapshot write cut short)."""
+    return {p.name for p in Path(directory).iterdir() if p.name.startswith(".tmp-")}
+
+
 def last_acked(ack_path: Path) -> int:
     """The last complete line of the acknowledgement file (0 if none)."""
     try:
@@ -107,8 +147,8 @@ def last_acked(ack_path: Path) -> int:
 # -- worker and zygote (child side) ----------------------------------------------------------
 
 
-def _worker(store_url: str, task_id: str, ack_path: str) -> None:
-    store = checkpoint_store_from_url(store_url)
+def _worker(store_url: str, options: dict[str, Any], task_id: str, ack_path: str) -> None:
+    store = checkpoint_store_from_url(store_url, **options)
     cp = store.load(task_id) or TaskCheckpoint(task_id=task_id)
     fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     while True:
@@ -117,10 +157,10 @@ def _worker(store_url: str, task_id: str, ack_path: str) -> None:
         os.write(fd, b"%d\n" % cp.step)
 
 
-def _zygote(store_url: str) -> None:
+def _zygote(store_url: str, options: dict[str, Any]) -> None:
     # Warm the backend's imports (redis-py takes ~0.5 s) so workers start in a millisecond;
     # the store is closed again so no connection or handle crosses the fork.
-    checkpoint_store_from_url(store_url).close()
+    checkpoint_store_from_url(store_url, **options).close()
     for line in sys.stdin:
         command = line.split()
         if not command or command[0] == "quit":
@@ -131,7 +171,7 @@ def _zygote(store_url: str) -> None:
         if pid == 0:  # worker
             code = 0
             try:
-                _worker(store_url, bytes.fromhex(task_id).decode(), ack_path)
+                _worker(store_url, options, bytes.fromhex(task_id).decode(), ack_path)
             except BaseException:
                 import traceback
 
@@ -162,8 +202,9 @@ class KillOutcome:
 class CrashHarness:
     """Runs the zygote for one store URL; ``kill_after`` runs and kills one worker."""
 
-    def __init__(self, store_url: str, workdir: Path) -> None:
+    def __init__(self, store_url: str, workdir: Path, store_options: dict[str, Any] | None = None) -> None:
         self.store_url = store_url
+        self.store_options = dict(store_options or {})
         self.workdir = Path(workdir)
         self.stderr_path = self.workdir / "zygote.stderr"
         self._proc: subprocess.Popen[str] | None = None
@@ -172,7 +213,13 @@ class CrashHarness:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.stderr_path, "w") as stderr:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loop_governor.checkpoint.crashcheck", self.store_url],
+                [
+                    sys.executable,
+                    "-m",
+                    "loop_governor.checkpoint.crashcheck",
+                    self.store_url,
+                    json.dumps(self.store_options),
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -217,4 +264,4 @@ class CrashHarness:
 
 
 if __name__ == "__main__":
-    _zygote(sys.argv[1])
+    _zygote(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})

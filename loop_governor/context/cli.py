@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from loop_governor.terminal import cell
+
 from .replay import POLICY_NOTES, default_policies, load_runs, provider_calibration, replay
 
 
@@ -30,7 +32,10 @@ def replay_command(
     for p in paths:
         if not p.exists():
             raise typer.BadParameter(f"{p} does not exist")
-    runs = load_runs(paths)
+    unreadable: list[Path] = []
+    runs = load_runs(paths, unreadable)
+    if unreadable:
+        Console(stderr=True).print(f"skipped {len(unreadable)} unreadable file(s), first: {cell(unreadable[0])}")
     if not runs:
         raise typer.BadParameter("no runs found in the given paths")
     rows = replay(runs, default_policies(), cache_price)
@@ -65,7 +70,8 @@ def replay_command(
         )
     console.print(table)
     for r in rows:
-        console.print(f"  {r['policy']}: {POLICY_NOTES.get(r['policy'], '')}")
+        failed = f" ({r['failed_runs']} run(s) failed and left out)" if r.get("failed_runs") else ""
+        console.print(f"  {r['policy']}: {POLICY_NOTES.get(r['policy'], '')}{failed}")
     calib = provider_calibration(runs)
     if calib:
         console.print(

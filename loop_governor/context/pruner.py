@@ -14,15 +14,27 @@ bytes, because the boundary history is replayed at every assistant message.
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .health import ContextHealth, ErrorPredicate, HealthCounter, call_key, default_is_error
 from .text import digest, head_tail, human_size, map_content_text, map_strings, strip_blobs
-from .tokens import TokenCounter, approx_tokens
-from .view import ASSISTANT, SYSTEM, TOOL, USER, Codec, codec_for, dump_args, text_of
+from .tokens import CHARS_PER_TOKEN, TOKENS_PER_MESSAGE, TokenCounter, approx_tokens
+from .view import (
+    ASSISTANT,
+    OPAQUE_CODEC,
+    OTHER,
+    SYSTEM,
+    TOOL,
+    USER,
+    Codec,
+    codec_for,
+    dump_args,
+    safe_text,
+    text_of,
+)
 
 Mode = Literal["stub", "trim", "keep"]
 
@@ -90,9 +102,9 @@ def _fingerprint(m: Any) -> tuple[Any, ...]:
     """Equality key for a message when the caller rebuilt the object (e.g. after a
     checkpoint reload); compares content by value, holds no copies."""
     c = codec_for(m)
-    content = c.content(m)
-    if not isinstance(content, str):
-        content = json.dumps(content, sort_keys=True, default=str)
+    if c is OPAQUE_CODEC:
+        return (OTHER, m if isinstance(m, (str, int, float, type(None))) else id(m))
+    content = dump_args(c.content(m))
     calls = tuple((tc.id, tc.name, dump_args(tc.args)) for tc in c.tool_calls(m))
     return (c.role(m), content, calls, c.tool_call_id(m), c.name(m), c.msg_id(m), c.is_pinned(m))
 
@@ -254,14 +266,24 @@ class ContextPruner:
         return self._is_error(m) if self._is_error else default_is_error(m, codec)
 
     def _ingest(self, i: int, m: Any, codec: Codec, role: str) -> None:
+        try:
+            seen = self._examine(m, codec, role)
+        except Exception:
+            # A shape the codecs did not foresee (arguments nested too deep to walk, a
+            # counter or error predicate failing on it): the message passes through as it
+            # is, never pruned. Examining touches no state, so nothing is half-recorded.
+            seen = self._examine(m, OPAQUE_CODEC, OTHER)
+        self._record(i, *seen)
+
+    def _examine(self, m: Any, codec: Codec, role: str) -> tuple[_Entry, list[tuple[str | None, int, str]], Any, bool]:
+        """Everything about one message that does not depend on the others (no state changes):
+        its entry with light and fresh forms and tokens, its calls, the call it answers."""
         e = _Entry(m, codec, role)
         mid = codec.msg_id(m)
         if role == SYSTEM or codec.is_pinned(m) or (mid is not None and mid in self.pinned_ids):
             e.protected = True
         elif role == USER and not self._first_user_seen:
             e.protected = True
-        if role == USER:
-            self._first_user_seen = True
         if not e.protected:
             content = codec.content(m)
             fresh_content = content
@@ -281,32 +303,54 @@ class ContextPruner:
                     e.light = e.fresh
             else:
                 e.light = e.fresh
-        e.raw_tokens = self._count(m)
-        e.tokens = e.raw_tokens if e.light is None else self._count(e.light)
+        e.raw_tokens = self._tokens(m, codec)
+        e.tokens = e.raw_tokens if e.light is None else self._tokens(e.light, codec)
+        calls: list[tuple[str | None, int, str]] = []
+        tcid = None
+        err = False
+        if role == ASSISTANT:
+            calls = [(call.id, call.index, call_key(call.name, call.args)) for call in codec.tool_calls(m)]
+        elif role == TOOL:
+            tcid = codec.tool_call_id(m)
+            err = self._error(m, codec)
+            if err:
+                e.err_sig = digest(text_of(codec.content(m)), 16)
+        e.saving = self._estimate_saving(e)
+        return e, calls, tcid, err
+
+    def _tokens(self, m: Any, codec: Codec) -> int:
+        if codec is not OPAQUE_CODEC:
+            return self._count(m)
+        try:
+            return self._count(m)
+        except Exception:  # a counter for chat messages, handed something else
+            return math.ceil(len(safe_text(m)) / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE
+
+    def _record(self, i: int, e: _Entry, calls: list[tuple[str | None, int, str]], tcid: Any, err: bool) -> None:
+        """Add an examined message to the conversation state."""
+        role = e.role
+        if role == USER:
+            self._first_user_seen = True
         extra = 0  # tokens an earlier message will lose because of this one
         if role == ASSISTANT:
             self._last_assistant = i
-            for pos, call in enumerate(codec.tool_calls(m)):
-                key = call_key(call.name, call.args)
-                self._health.add_call(call.id, key)
+            for call_id, pos, key in calls:
+                self._health.add_call(call_id, key)
                 if self.elide_superseded:
                     extra += self._result_tokens.get(key, 0)
                 self._last_call[key] = i
-                if call.id is not None:
-                    self._calls[call.id] = (i, pos, key)
+                if call_id is not None:
+                    self._calls[call_id] = (i, pos, key)
         elif role == TOOL:
-            tcid = codec.tool_call_id(m)
             found = self._calls.get(tcid) if tcid is not None else None
             if found is not None:
                 e.anchor, e.call_pos, e.call_key = found
             else:
                 e.anchor = self._last_assistant if self._last_assistant >= 0 else i
-            err = self._error(m, codec)
             if e.call_key is not None:
                 self._result_tokens[e.call_key] = e.tokens
-            if err:
-                sig = digest(text_of(codec.content(m)), 16)
-                e.err_sig = sig
+            sig = e.err_sig
+            if sig is not None:
                 if self.collapse_errors and sig in self._err_last:
                     extra += e.tokens
                 self._err_last[sig] = i
@@ -314,7 +358,7 @@ class ContextPruner:
             self._health.add_result(tcid, err)
             self._tool_idx.append(i)
         self._entries.append(e)
-        e.saving = self._estimate_saving(e) + extra
+        e.saving += extra
         self._cum_saving.append(self._cum_saving[-1] + e.saving)
         self._raw_tokens += e.raw_tokens
         self._tail_tokens += e.tokens
@@ -344,10 +388,10 @@ class ContextPruner:
     def _map_args(self, codec: Codec, m: Any, fn: Callable[[Any], Any]) -> dict[int, Any]:
         """New arguments for the calls of ``m`` whose strings ``fn`` changes."""
         changed: dict[int, Any] = {}
-        for pos, call in enumerate(codec.tool_calls(m)):
+        for call in codec.tool_calls(m):
             new = map_strings(call.args, fn)
             if new is not call.args:
-                changed[pos] = new
+                changed[call.index] = new
         return changed
 
     # ------------------------------------------------------------------ batching
@@ -367,8 +411,11 @@ class ContextPruner:
             return
         for i in range(self._boundary, new_b):
             e = self._entries[i]
-            e.frozen = self._freeze(i, e)
-            tokens = e.tokens if e.frozen is e.light else self._count(e.frozen if e.frozen is not None else e.obj)
+            try:
+                e.frozen = self._freeze(i, e)
+                tokens = e.tokens if e.frozen is e.light else self._count(e.frozen if e.frozen is not None else e.obj)
+            except Exception:  # see _ingest: an unforeseen shape stays in its current form
+                e.frozen, tokens = e.light, e.tokens
             self._tail_tokens -= e.tokens
             self._frozen_tokens += tokens
             self._frozen_out.append(e.obj if e.frozen is None else e.frozen)

@@ -46,7 +46,7 @@ def _clean(messages: Iterable[Any]) -> tuple[list[dict[str, Any]], list[int]]:
     out: list[dict[str, Any]] = []
     usage: list[int] = []
     for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in _ROLES:
             continue
         out.append({k: m[k] for k in _KEEP_KEYS if k in m and m[k] is not None})
         u = m.get("usage")
@@ -76,8 +76,10 @@ def _load_file(path: Path) -> list[Run]:
     return runs
 
 
-def load_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """Runs from files and directories (``*.json`` and ``*.json.gz``, sorted by name)."""
+def load_runs(paths: Sequence[str | Path], unreadable: list[Path] | None = None) -> list[Run]:
+    """Runs from files and directories (``*.json`` and ``*.json.gz``, sorted by name).
+
+    A file that is not (gzipped) JSON is skipped and appended to ``unreadable``."""
     runs: list[Run] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -85,7 +87,11 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
         else:
             files = [p]
         for f in files:
-            runs.extend(_load_file(f))
+            try:
+                runs.extend(_load_file(f))
+            except (OSError, EOFError, ValueError, RecursionError):  # gzip, UTF-8 and JSON errors included
+                if unreadable is not None:
+                    unreadable.append(f)
     return runs
 
 
@@ -178,6 +184,16 @@ class PolicyResult:
     turn30: list[int] = field(default_factory=list)
     ms: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)
+    failed_runs: int = 0
+    """Runs this policy raised on (left out of every figure)."""
+
+    def add(self, other: PolicyResult) -> None:
+        self.requests += other.requests
+        self.tokens += other.tokens
+        self.bill += other.bill
+        self.turn30 += other.turn30
+        self.ms += other.ms
+        self.cpu_ms += other.cpu_ms
 
     def summary(self, raw: PolicyResult | None) -> dict[str, Any]:
         ms, cpu = sorted(self.ms), sorted(self.cpu_ms)
@@ -193,6 +209,7 @@ class PolicyResult:
             # CPU time of the calling thread: unaffected by other processes on a busy machine.
             "p50_cpu_ms": round(cpu[len(cpu) // 2], 4) if cpu else None,
             "p99_cpu_ms": round(cpu[min(len(cpu) - 1, int(len(cpu) * 0.99))], 4) if cpu else None,
+            "failed_runs": self.failed_runs,
         }
         if raw is not None and raw.requests and raw.tokens:
             out["token_change"] = round(tpr / (raw.tokens / raw.requests) - 1.0, 4)
@@ -256,7 +273,13 @@ def replay(
     for name, make in policies.items():
         res = PolicyResult(name)
         for run in runs:
-            replay_run(run, make, res, cache_price)
+            one = PolicyResult(name)
+            try:
+                replay_run(run, make, one, cache_price)
+            except Exception:  # a peer policy choking on a malformed run: count it, go on
+                res.failed_runs += 1
+                continue
+            res.add(one)
         results.append(res)
     base = results[0] if results else None
     return [r.summary(base) for r in results]

@@ -18,7 +18,7 @@ from typing import Any
 
 from .text import head_tail, strip_blobs_text
 from .tokens import TokenCounter, approx_tokens
-from .view import ASSISTANT, SYSTEM, TOOL, USER, Codec, codec_for, dump_args, text_of
+from .view import ASSISTANT, OPAQUE_CODEC, SYSTEM, TOOL, USER, Codec, codec_for, dump_args, text_of
 
 SUMMARY_HEADER = "[Conversation summary: earlier turns were replaced by this summary]"
 SYSTEM_PROMPT = (
@@ -262,7 +262,9 @@ class IncrementalSummarizer:
             ids = {str(tc.id) for tc in c.tool_calls(m)}
             if c.tool_call_id(m):
                 ids.add(str(c.tool_call_id(m)))
-            (kept if self._pinned(m, c) or (ids & keep_ids) else to_fold).append(m)
+            # A message of no known kind is not the summarizer's to fold: it stays, untouched.
+            keep = c is OPAQUE_CODEC or self._pinned(m, c) or bool(ids & keep_ids)
+            (kept if keep else to_fold).append(m)
         # The new ledger is built aside and committed only once the model has answered: a
         # failed model call followed by a retry must not add the same requests twice.
         requests = [UserRequest(r.id, r.text, r.done) for r in self.requests]

@@ -115,7 +115,7 @@ def _with_text(block: Mapping[str, Any], fn: Callable[[str], str]) -> Any:
 
 def _strip_block(block: Mapping[str, Any]) -> Any:
     btype = block.get("type")
-    if btype in _BINARY_BLOCKS:
+    if isinstance(btype, str) and btype in _BINARY_BLOCKS:
         return {"type": "text", "text": f"[{btype} removed: {_block_mime(block)}, {human_size(_block_size(block))}]"}
     if isinstance(block.get("text"), str):
         return _with_text(block, strip_blobs_text)

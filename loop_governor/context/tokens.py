@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .view import codec_for, dump_args
+from .view import codec_for, dump_args, safe_text
 
 TokenCounter = Callable[[Any], int]
 """Counts the tokens of one message (a LangChain message or an OpenAI-style dict).
@@ -38,13 +38,20 @@ def _content_chars(content: Any) -> tuple[int, int]:
                 if t in ("image", "image_url", "input_image"):
                     images += 1
                 elif t == "text":
-                    chars += len(str(b.get("text", "")))
+                    chars += len(safe_text(b.get("text", ""), 1 << 30))
                 else:
-                    chars += len(repr(b))
+                    chars += len(_safe_repr(b))
             else:
-                chars += len(repr(b))
+                chars += len(_safe_repr(b))
         return chars, images
-    return len(repr(content)), 0
+    return len(_safe_repr(content)), 0
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # nested too deep, or a foreign __repr__ that raises
+        return safe_text(value)
 
 
 def approx_tokens(message: Any) -> int:

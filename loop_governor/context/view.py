@@ -6,6 +6,12 @@ allocates on every turn. Instead each message kind gets a *codec* that reads the
 fields the pruner needs and builds a changed copy of the same kind. LangChain messages are
 handled by duck typing (``.type``, ``.content``, ``.tool_calls``, ``.model_copy``), so the
 core never imports an agent framework.
+
+Messages come from models, frameworks and checkpoints the pruner does not control, so the
+codecs read defensively: a field of an unexpected type (``tool_calls: 5``, a string as
+``function``, a list as an id) reads as absent, and a message of no known kind (``None``,
+a bare string) gets the :data:`OPAQUE_CODEC`: role "other", nothing to prune, passed
+through as it is.
 """
 
 from __future__ import annotations
@@ -51,11 +57,31 @@ _DICT_ROLES = {
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool call as the pruner sees it; ``args`` is a dict, or the raw string when the
-    provider's JSON did not parse."""
+    provider's JSON did not parse. ``index`` is its position in the message's own list
+    (entries of an unknown shape are skipped, so positions may have gaps)."""
 
     id: str | None
     name: str
     args: Any
+    index: int = 0
+
+
+def _as_id(value: Any) -> str | None:
+    """An id as a string; anything but a string or an integer is no usable id."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def safe_text(value: Any, limit: int = 10_000) -> str:
+    """``str(value)`` that never raises (deep nesting, a broken ``__str__``) and stays short."""
+    try:
+        text = str(value)
+    except Exception:  # RecursionError, or whatever a foreign __str__ raises
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit]
 
 
 class Codec(Protocol):
@@ -77,48 +103,77 @@ def _parse_args(raw: Any) -> Any:
     if isinstance(raw, str):
         try:
             return json.loads(raw) if raw else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
             return raw
     return raw
 
 
 def dump_args(args: Any) -> str:
-    """Canonical JSON for arguments (sorted keys): the basis of call keys and digests."""
+    """Canonical JSON for arguments (sorted keys): the basis of call keys and digests.
+
+    Arguments JSON cannot sort (mixed key types) or encode (too deep, circular) still get
+    a text, the same one for the same value."""
     if isinstance(args, str):
         return args
-    return json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
+    try:
+        return json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        pass
+    try:
+        return json.dumps(args, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return safe_text(args)
+
+
+def _calls(raw: Any, read: Any) -> list[ToolCall]:
+    """The well-formed entries of a ``tool_calls`` value; ``read(entry)`` gives (name, args)
+    or None for an entry of an unknown shape."""
+    if not isinstance(raw, (list, tuple)):
+        return []
+    out = []
+    for index, c in enumerate(raw):
+        if not isinstance(c, Mapping):
+            continue
+        parts = read(c)
+        if parts is not None:
+            out.append(ToolCall(_as_id(c.get("id")), parts[0], parts[1], index))
+    return out
+
+
+def _name_of(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else safe_text(value, 200)
 
 
 class DictCodec:
     """OpenAI-style chat dicts (what CrewAI and LiteLLM pass around)."""
 
     def role(self, m: Any) -> str:
-        return _DICT_ROLES.get(str(m.get("role", "")), OTHER)
+        role = m.get("role", "")
+        return _DICT_ROLES.get(role, OTHER) if isinstance(role, str) else OTHER
 
     def content(self, m: Any) -> Any:
         return m.get("content")
 
     def tool_calls(self, m: Any) -> list[ToolCall]:
-        calls = m.get("tool_calls") or ()
-        out = []
-        for c in calls:
-            if not isinstance(c, Mapping):
-                continue
-            fn = c.get("function") or {}
-            out.append(ToolCall(c.get("id"), str(fn.get("name", "")), _parse_args(fn.get("arguments"))))
-        return out
+        def read(c: Mapping[str, Any]) -> tuple[str, Any] | None:
+            fn = c.get("function")
+            if fn is None:
+                fn = {}
+            if not isinstance(fn, Mapping):
+                return None  # "function": "str" -- not a call the pruner can read
+            return _name_of(fn.get("name")), _parse_args(fn.get("arguments"))
+
+        return _calls(m.get("tool_calls"), read)
 
     def tool_call_id(self, m: Any) -> str | None:
-        v = m.get("tool_call_id")
-        return str(v) if v is not None else None
+        return _as_id(m.get("tool_call_id"))
 
     def name(self, m: Any) -> str | None:
         v = m.get("name")
-        return str(v) if v is not None else None
+        return None if v is None else _name_of(v)
 
     def msg_id(self, m: Any) -> str | None:
-        v = m.get("id")
-        return str(v) if v is not None else None
+        return _as_id(m.get("id"))
 
     def is_error_status(self, m: Any) -> bool:
         return m.get("status") == "error" or m.get("is_error") is True
@@ -150,28 +205,28 @@ class LangChainCodec:
 
     def role(self, m: Any) -> str:
         t = getattr(m, "type", "")
+        if not isinstance(t, str):
+            return OTHER
         if t == "chat":
-            return _DICT_ROLES.get(str(getattr(m, "role", "")), OTHER)
+            role = getattr(m, "role", "")
+            return _DICT_ROLES.get(role, OTHER) if isinstance(role, str) else OTHER
         return _LC_ROLES.get(t, OTHER)
 
     def content(self, m: Any) -> Any:
         return m.content
 
     def tool_calls(self, m: Any) -> list[ToolCall]:
-        calls = getattr(m, "tool_calls", None) or ()
-        return [ToolCall(c.get("id"), str(c.get("name", "")), c.get("args", {})) for c in calls]
+        return _calls(getattr(m, "tool_calls", None), lambda c: (_name_of(c.get("name")), c.get("args", {})))
 
     def tool_call_id(self, m: Any) -> str | None:
-        v = getattr(m, "tool_call_id", None)
-        return str(v) if v is not None else None
+        return _as_id(getattr(m, "tool_call_id", None))
 
     def name(self, m: Any) -> str | None:
         v = getattr(m, "name", None)
-        return str(v) if v is not None else None
+        return None if v is None else _name_of(v)
 
     def msg_id(self, m: Any) -> str | None:
-        v = getattr(m, "id", None)
-        return str(v) if v is not None else None
+        return _as_id(getattr(m, "id", None))
 
     def is_error_status(self, m: Any) -> bool:
         return getattr(m, "status", None) == "error"
@@ -222,18 +277,57 @@ class LangChainCodec:
         return type(like)(content=text)
 
 
+class OpaqueCodec:
+    """A message of no known kind (``None``, a bare string, a foreign object): role "other",
+    no content or calls the pruner would touch; ``replace`` hands it back unchanged."""
+
+    def role(self, m: Any) -> str:
+        return OTHER
+
+    def content(self, m: Any) -> Any:
+        return None
+
+    def tool_calls(self, m: Any) -> list[ToolCall]:
+        return []
+
+    def tool_call_id(self, m: Any) -> str | None:
+        return None
+
+    def name(self, m: Any) -> str | None:
+        return None
+
+    def msg_id(self, m: Any) -> str | None:
+        return None
+
+    def is_error_status(self, m: Any) -> bool:
+        return False
+
+    def is_pinned(self, m: Any) -> bool:
+        return False
+
+    def replace(self, m: Any, *, content: Any = ..., args: Mapping[int, Any] | None = None) -> Any:
+        return m
+
+    def new_user(self, like: Any, text: str) -> Any:
+        return {"role": "user", "content": text}
+
+
 DICT_CODEC = DictCodec()
 LANGCHAIN_CODEC = LangChainCodec()
+OPAQUE_CODEC = OpaqueCodec()
 
 
 def codec_for(m: Any) -> Codec:
     """Pick the codec for one message: dicts are OpenAI-style, anything with a ``type`` and
-    ``content`` is treated as a LangChain message."""
+    ``content`` is treated as a LangChain message, anything else is opaque."""
     if isinstance(m, Mapping):
         return DICT_CODEC
-    if hasattr(m, "content") and hasattr(m, "type"):
-        return LANGCHAIN_CODEC
-    raise TypeError(f"unsupported message type: {type(m).__name__}")
+    try:
+        if hasattr(m, "content") and hasattr(m, "type"):
+            return LANGCHAIN_CODEC
+    except Exception:  # a property that raises on access
+        pass
+    return OPAQUE_CODEC
 
 
 def text_of(content: Any) -> str:
@@ -250,4 +344,4 @@ def text_of(content: Any) -> str:
             elif isinstance(b, Mapping) and isinstance(b.get("text"), str):
                 parts.append(b["text"])
         return "\n".join(parts)
-    return str(content)
+    return safe_text(content)

@@ -19,6 +19,7 @@ from rich.table import Table
 from loop_governor.breaker import BreakerState
 from loop_governor.redaction import redact
 from loop_governor.stores import Store, store_from_url
+from loop_governor.terminal import cell, printable
 
 breakers_app = typer.Typer(
     name="breakers",
@@ -57,12 +58,12 @@ def _open_store(option: str | None) -> Store:
     try:
         store = store_from_url(url)
     except (ValueError, ImportError) as exc:
-        err.print(f"[red]{redact(str(exc))}[/red]")
+        err.print(f"[red]{cell(redact(str(exc)))}[/red]")
         raise typer.Exit(2) from None
     ping = getattr(store, "ping", None)
     if ping is not None and not ping():
         # The agents' store falls back to local state silently; an operator's command must not.
-        err.print(f"[red]cannot reach the store at {getattr(store, 'safe_url', redact(url))}[/red]")
+        err.print(f"[red]cannot reach the store at {cell(getattr(store, 'safe_url', redact(url)))}[/red]")
         store.close()
         raise typer.Exit(1)
     return store
@@ -103,7 +104,7 @@ def breakers(
     table = Table("tool", "state", "failures", "opened at")
     colour = {BreakerState.CLOSED: "green", BreakerState.OPEN: "red", BreakerState.HALF_OPEN: "yellow"}
     for r in rows:
-        table.add_row(r.tool, f"[{colour[r.state]}]{r.state.value}[/]", str(r.failures), _when(r.opened_at))
+        table.add_row(cell(r.tool), f"[{colour[r.state]}]{r.state.value}[/]", str(r.failures), _when(r.opened_at))
     Console().print(table)
 
 
@@ -114,7 +115,7 @@ def _force(ctx: typer.Context, tool: str, store: str | None, state: BreakerState
         rec = st.breaker_get(tool)
     finally:
         st.close()
-    typer.echo(f"{tool}: {rec.state.value}")
+    typer.echo(f"{printable(tool)}: {rec.state.value}")
 
 
 @breakers_app.command("open")

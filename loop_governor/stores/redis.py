@@ -52,7 +52,7 @@ from loop_governor.breaker import (
 )
 from loop_governor.ratelimit import Bucket
 from loop_governor.redaction import mask_url as _mask_url
-from loop_governor.redaction import redact
+from loop_governor.redaction import redact, refuse_ambiguous_password
 from loop_governor.stores.base import BreakerStatus, Clock
 from loop_governor.stores.memory import MemoryStore
 
@@ -296,6 +296,7 @@ class RedisStore:
         on_event: EventCallback | None = None,
         client: redis.Redis | None = None,
     ) -> None:
+        refuse_ambiguous_password(url)
         url, options = _split_options(url)
         namespace = namespace or options.get("namespace") or "loop-governor"
         ttl_s = float(ttl_s if ttl_s is not None else options.get("ttl_s", 86_400.0))

@@ -9,6 +9,7 @@ context health as ``"anomaly"`` events; ``loop-governor report`` renders one HTM
 
 from __future__ import annotations
 
+from loop_governor.trace.budget import TraceBudget
 from loop_governor.trace.detectors import DetectorConfig, context_health
 from loop_governor.trace.lens import Lens, install
 from loop_governor.trace.report import render_report, write_report
@@ -18,6 +19,7 @@ __all__ = [
     "DetectorConfig",
     "Lens",
     "Trace",
+    "TraceBudget",
     "context_health",
     "install",
     "load_trace",

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from loop_governor.trace.report import render_report
+from loop_governor.terminal import cell
+from loop_governor.trace.report import render_report, skipped_note
 from loop_governor.trace.store import load_trace
 
 
@@ -25,9 +26,9 @@ def report(
     output.write_text(render_report(loaded), encoding="utf-8")
     console = Console(stderr=True)
     console.print(
-        f"[bold]{output}[/bold]: {len(loaded.model_calls)} model calls, {len(loaded.tool_calls)} tool calls, "
+        f"[bold]{cell(output)}[/bold]: {len(loaded.model_calls)} model calls, {len(loaded.tool_calls)} tool calls, "
         f"{len(loaded.anomalies)} anomalies"
-        + (f", {loaded.skipped_lines} unreadable lines skipped" if loaded.skipped_lines else "")
+        + (f", {skipped_note(loaded)}" if loaded.skipped_lines or loaded.skipped_snapshot_lines else "")
     )
 
 

@@ -18,10 +18,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from loop_governor.context.tokens import approx_tokens
+
 CACHE_READ_ZERO = "cache_read_zero"
 REPEATED_ERROR = "repeated_error"
 CONTEXT_GROWTH = "context_growth"
 LOW_CONTEXT_HEALTH = "low_context_health"
+
+_MAX_SIGNATURES = 1024  # error signatures counted per task; the oldest is forgotten first
 
 
 class DetectorConfig(BaseModel):
@@ -32,8 +36,9 @@ class DetectorConfig(BaseModel):
     cache_min_input_tokens: int = Field(
         default=1024,
         ge=0,
-        description="Providers only cache prompts above ~1024 tokens (OpenAI, Anthropic); a smaller "
-        "prompt reading 0 cached tokens is expected, not an anomaly.",
+        description="Providers only cache a prompt prefix of ~1024 tokens or more (OpenAI, Anthropic): a "
+        "turn whose prefix shared with the previous prompt is smaller reads 0 cached tokens as expected, "
+        "however long the whole prompt is.",
     )
     repeated_error_threshold: int = Field(default=3, ge=2, description="Same error signature this often in a task.")
     growth_tokens_per_turn: int = Field(
@@ -55,6 +60,16 @@ def _is_error_result(message: Mapping[str, Any]) -> bool:
     # The governor's structured error text, and the prefixes LangChain ("Error: ...") and
     # CrewAI ("Error executing tool ...") put on tool failures.
     return head.startswith('{"error"') or head.lower().startswith("error")
+
+
+def _prefix_tokens(messages: Sequence[Any], prefix: int, prev_input_tokens: int | None) -> int | None:
+    """Tokens of a prompt's first ``prefix`` messages when they are the whole previous
+    prompt: the provider's count for that prompt, else an estimate of the messages."""
+    if prev_input_tokens is not None:
+        return prev_input_tokens
+    if not messages:
+        return None
+    return sum(approx_tokens(m) for m in messages[:prefix])
 
 
 def context_health(messages: Sequence[Any]) -> tuple[float, int]:
@@ -83,7 +98,8 @@ def context_health(messages: Sequence[Any]) -> tuple[float, int]:
 class _TaskState:
     turn: int = 0
     prev_hashes: list[str] = field(default_factory=list)
-    prev_input_tokens: int | None = None
+    prev_input_tokens: int | None = None  # the last call that reported a count
+    prev_prompt_tokens: int | None = None  # the previous call's count, if it reported one
     error_counts: dict[str, int] = field(default_factory=dict)
     flagged: set[str] = field(default_factory=set)
 
@@ -114,6 +130,9 @@ class Detectors:
         signature = event.get("signature") or f"{event.get('tool')}:{event.get('error_type')}"
         state = self._state(event.get("task_id"))
         count = state.error_counts.get(signature, 0) + 1
+        if count == 1 and len(state.error_counts) >= _MAX_SIGNATURES:
+            # a task (or the no-task scope, which never ends) failing in ever new ways
+            del state.error_counts[next(iter(state.error_counts))]
         state.error_counts[signature] = count
         if count < self.config.repeated_error_threshold or f"err:{signature}" in state.flagged:
             return []
@@ -150,12 +169,13 @@ class Detectors:
             prefix_kept += 1
         input_tokens = _int(event.get("input_tokens"))
         cache_read = _int(event.get("cache_read_tokens"))
+        prefix_tokens = _prefix_tokens(messages, prefix_kept, state.prev_prompt_tokens)
         if (
             turn > 1
             and prev
             and prefix_kept == len(prev)
             and cache_read == 0
-            and (input_tokens is None or input_tokens >= cfg.cache_min_input_tokens)
+            and (prefix_tokens is None or prefix_tokens >= cfg.cache_min_input_tokens)
             and CACHE_READ_ZERO not in state.flagged
         ):
             state.flagged.add(CACHE_READ_ZERO)
@@ -165,6 +185,7 @@ class Detectors:
                     "turn": turn,
                     "model": event.get("model"),
                     "prefix_messages": prefix_kept,
+                    "prefix_tokens": prefix_tokens,
                     "input_tokens": input_tokens,
                     "message": f"turn {turn}: cache_read_tokens is 0 although the first {prefix_kept} "
                     "messages are identical to the previous call; the provider cache is not being hit "
@@ -205,4 +226,5 @@ class Detectors:
             state.flagged.discard(LOW_CONTEXT_HEALTH)  # re-arm once the context recovers
 
         state.prev_hashes = hashes
+        state.prev_prompt_tokens = input_tokens
         return turn, (round(health, 4) if results else None), prefix_kept, out

@@ -13,6 +13,10 @@ Split in two halves because the governed call is a hot path (target: tracing add
 
 A failing sink never breaks the agent: every sink call is guarded, failures are counted
 in :attr:`Lens.failures` and logged once per sink.
+
+Memory stays bounded over any number of tasks: every long-lived cache has a byte budget
+(:class:`~loop_governor.trace.budget.TraceBudget`) and per-task state (detectors, open
+spans) is dropped at ``task_end``; :meth:`Lens.memory` reports what each cache holds.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any, Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from loop_governor.trace.budget import TraceBudget
 from loop_governor.trace.detectors import DetectorConfig, Detectors
 from loop_governor.trace.otel import SpanBridge
 from loop_governor.trace.records import MessageHasher, Redactor
@@ -72,13 +77,17 @@ class Lens:
         max_pending: int = 100_000,
         flush_interval_s: float = 0.05,
         wake_batch: int = 2048,
+        budget: TraceBudget | None = None,
     ) -> None:
         self.path = Path(path) if path is not None else None
-        self._writer = JsonlWriter(self.path) if self.path is not None else None
+        self.budget = budget = budget or TraceBudget()
+        self._writer = JsonlWriter(self.path, budget) if self.path is not None else None
         self._bridge = SpanBridge(tracer_provider) if spans else None
         self._detectors = Detectors(detectors)
-        self._hasher = MessageHasher(Redactor())
-        self._record_redactor = Redactor()
+        # Messages are long and redacted once each (the hasher's memo is the cache); only
+        # the record redactor memoizes strings.
+        self._hasher = MessageHasher(Redactor(budget=0), budget.snapshot_memo)
+        self._record_redactor = Redactor(budget.record_memo)
         self._emit = emit
         self._max_pending = max_pending
         self._interval = flush_interval_s
@@ -94,7 +103,10 @@ class Lens:
         self._seq = itertools.count()
         self._failures: dict[str, int] = {}
         self._last_errors: dict[str, str] = {}
-        self._anomalies: list[dict[str, Any]] = []
+        self._anomalies: deque[tuple[dict[str, Any], int]] = deque()
+        self._anomaly_bytes = 0
+        self.anomalies_dropped = 0
+        """Anomalies no longer in :attr:`anomalies` (the oldest, beyond ``budget.anomalies``)."""
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- reporting -----------------------------------------------------------------
@@ -114,9 +126,34 @@ class Lens:
 
     @property
     def anomalies(self) -> list[dict[str, Any]]:
-        """Anomaly events seen so far (from the detectors or any other emitter)."""
+        """Anomaly events seen so far (from the detectors or any other emitter), oldest
+        first; the most recent ``budget.anomalies`` bytes of them (the trace has them all)."""
         with self._lock:
-            return list(self._anomalies)
+            return [a for a, _ in self._anomalies]
+
+    def memory(self) -> dict[str, tuple[int, int]]:
+        """Estimated bytes each long-lived cache holds, with its budget: ``{name: (held, budget)}``."""
+        b = self.budget
+        with self._lock:
+            out = {
+                "snapshot_memo": (self._hasher.memo.bytes, b.snapshot_memo),
+                "record_memo": (self._record_redactor.bytes, b.record_memo),
+                "anomalies": (self._anomaly_bytes, b.anomalies),
+            }
+        if self._writer is not None:
+            out["stored_hashes"] = (self._writer.stored_bytes, b.stored_hashes)
+        return out
+
+    def _keep_anomaly(self, event: Mapping[str, Any]) -> None:
+        """Remember an anomaly for :attr:`anomalies` within the byte budget (under the lock)."""
+        anomaly = dict(event)
+        size = len(_ENCODER.encode(anomaly)) + 200  # the dict and its values, roughly
+        self._anomalies.append((anomaly, size))
+        self._anomaly_bytes += size
+        while self._anomaly_bytes > self.budget.anomalies and self._anomalies:
+            _, dropped = self._anomalies.popleft()
+            self._anomaly_bytes -= dropped
+            self.anomalies_dropped += 1
 
     def _fail(self, sink: str, exc: BaseException) -> None:
         with self._fail_lock:  # called from the caller threads and the writer thread
@@ -198,7 +235,7 @@ class Lens:
             elif kind == "task_end":
                 self._detectors.end_task(record.get("task_id"))
             elif kind == "anomaly":
-                self._anomalies.append(dict(event))
+                self._keep_anomaly(event)
         except Exception as exc:
             self._fail("detectors", exc)
         return record, snapshots, found
@@ -320,9 +357,11 @@ def install(
     *,
     detectors: DetectorConfig | None = None,
     spans: bool = True,
+    budget: TraceBudget | None = None,
 ) -> Lens:
     """Attach a :class:`Lens` to ``governor``: JSONL trace at ``path`` (if given), OTel spans
-    through ``tracer_provider`` (default: the global one), anomalies emitted on the governor."""
-    lens = Lens(path, tracer_provider, emit=governor.emit, detectors=detectors, spans=spans)
+    through ``tracer_provider`` (default: the global one), anomalies emitted on the governor;
+    ``budget`` bounds its caches in bytes."""
+    lens = Lens(path, tracer_provider, emit=governor.emit, detectors=detectors, spans=spans, budget=budget)
     governor.subscribe(lens)
     return lens

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from loop_governor.redaction import is_secret_key, mask_secret, redact
+from loop_governor.trace.budget import BoundedMemo, MiB
 
 # Top-level record fields whose values are closed vocabularies written by the governor or
 # the adapters (event names, states, enum values): they cannot carry a secret, and skipping
@@ -49,25 +50,39 @@ def canonical_json(value: Any) -> str:
 
 
 class Redactor:
-    """Redacts every string leaf of a JSON-like value, memoizing repeated strings.
+    """Redacts every string leaf of a JSON-like value, memoizing repeated short strings.
 
     Tool names, task ids and error signatures repeat on every event; the memo turns their
-    redaction into a dict lookup. Bounded so a long run cannot grow it without limit.
+    redaction into a dict lookup. Bounded in bytes (``budget``): when full it starts over,
+    which costs one redaction per string and keeps the hit path a plain ``dict.get``.
     """
 
-    def __init__(self, max_entries: int = 4096) -> None:
+    _MAX_CHARS = 256  # longer strings rarely repeat; they are redacted each time
+
+    def __init__(self, budget: int = 1 * MiB) -> None:
         self._memo: dict[str, str] = {}
-        self._max = max_entries
+        self._bytes = 0
+        self._budget = budget
+
+    @property
+    def bytes(self) -> int:
+        """Estimated bytes the memo holds (<= the budget)."""
+        return self._bytes
 
     def text(self, value: str) -> str:
         hit = self._memo.get(value)
         if hit is not None:
             return hit
         out = redact(value)
-        if len(value) <= 256:
-            if len(self._memo) >= self._max:
+        if len(value) <= self._MAX_CHARS:
+            # the key, the value when it is a new string, and the dict slot
+            size = sys.getsizeof(value) + (0 if out is value else sys.getsizeof(out)) + 64
+            if self._bytes + size > self._budget:
                 self._memo.clear()
-            self._memo[value] = out
+                self._bytes = 0
+            if size <= self._budget:
+                self._memo[value] = out
+                self._bytes += size
         return out
 
     def record(self, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,27 +128,31 @@ class MessageHasher:
     """Names each message by the hash of its redacted canonical JSON.
 
     A conversation re-sends its whole prefix every turn, so the memo (keyed by the raw
-    canonical text) makes hashing a turn cost O(new messages) in redaction work.
+    canonical text) makes hashing a turn cost O(new messages) in redaction work. Bounded in
+    bytes, not entries (``budget``): 8192 memoized 100 KB messages would be 800 MB; a
+    message evicted and seen again is redacted and hashed again, to the same hash.
     """
 
-    def __init__(self, redactor: Redactor, max_entries: int = 8192) -> None:
+    def __init__(self, redactor: Redactor, budget: int = 8 * MiB) -> None:
         self._redactor = redactor
-        self._memo: OrderedDict[str, tuple[str, Any]] = OrderedDict()
-        self._max = max_entries
+        self._memo: BoundedMemo[str, tuple[str, Any]] = BoundedMemo(budget)
+
+    @property
+    def memo(self) -> BoundedMemo[str, tuple[str, Any]]:
+        return self._memo
 
     def digest(self, message: Any) -> tuple[str, Any]:
         """Return ``(hash, redacted message)`` for one message."""
         raw = canonical_json(message)
         hit = self._memo.get(raw)
         if hit is not None:
-            self._memo.move_to_end(raw)
             return hit
         redacted = self._redactor.value(message)
-        digest = hashlib.sha256(canonical_json(redacted).encode("utf-8")).hexdigest()[:HASH_CHARS]
+        digest = hashlib.sha256(canonical_json(redacted).encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
         out = (digest, redacted)
-        self._memo[raw] = out
-        if len(self._memo) > self._max:
-            self._memo.popitem(last=False)
+        # The key, and the redacted copy (its strings are new when redaction changed them,
+        # and kept alive by the memo either way): twice the raw text, plus the entry.
+        self._memo.put(raw, out, 2 * sys.getsizeof(raw) + 200)
         return out
 
 

@@ -352,7 +352,8 @@ def _content_text(message: Any) -> str:
                 parts.append(str(part))
     elif content is not None:
         parts.append(canonical_json(content))
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
         if isinstance(call, dict):
             inner = call.get("function")
             fn: dict[str, Any] = inner if isinstance(inner, dict) else call
@@ -410,6 +411,16 @@ def _table(headers: Iterable[str], rows: Iterable[Iterable[Any]], numeric: Colle
         )
         body.append(f"<tr>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def skipped_note(trace: Trace) -> str:
+    """What the reader skipped: damaged or type-confused lines of the trace and of its store."""
+    parts = []
+    if trace.skipped_lines:
+        parts.append(f"{trace.skipped_lines} unreadable trace line(s) skipped")
+    if trace.skipped_snapshot_lines:
+        parts.append(f"{trace.skipped_snapshot_lines} unreadable snapshot line(s) skipped")
+    return ", ".join(parts)
 
 
 def render_report(trace: Trace, title: str | None = None) -> str:
@@ -510,7 +521,7 @@ def render_report(trace: Trace, title: str | None = None) -> str:
         )
 
     name = title or f"Agent Lens — {trace.path.name}"
-    skipped = f" · {trace.skipped_lines} unreadable line(s) skipped" if trace.skipped_lines else ""
+    skipped = f" · {skipped_note(trace)}" if trace.skipped_lines or trace.skipped_snapshot_lines else ""
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{_e(name)}</title>'

@@ -20,7 +20,7 @@ from loop_governor.checkpoint import (
     FileCheckpointStore,
     TaskCheckpoint,
 )
-from loop_governor.checkpoint.codec import legacy_checksum
+from loop_governor.checkpoint.codec import checksum, legacy_checksum
 from loop_governor.checkpoint.file_store import decode_task_id, encode_task_id
 
 HOSTILE = [
@@ -197,28 +197,27 @@ def test_long_ids_are_listed_from_the_file_contents(tmp_path: Path) -> None:
     assert FileCheckpointStore(tmp_path).load(long_id) is not None
 
 
-def test_a_corrupt_checkpoint_of_a_long_id_is_listed_by_its_file_stem(tmp_path: Path) -> None:
-    # Regression: a hashed file name does not spell its task id, and the id was read from
-    # the file; a file too damaged to name it was silently left out of list().
+def test_a_long_id_checkpoint_too_damaged_to_name_its_task_is_reported_not_aliased(tmp_path: Path) -> None:
+    # A hashed file name does not spell its task id, and the id is read from the file. A
+    # file too damaged to name it is reported by unidentified() (``checkpoints ls`` shows
+    # it), never listed under its stem: the stem is a valid task id of its own, and
+    # load/delete of that id must not reach this file (issue 17, item 6).
     store = FileCheckpointStore(tmp_path)
     long_id = "Customer-Onboarding-Run-" + "X" * 70
     store.save(TaskCheckpoint(task_id=long_id))
     store.save(TaskCheckpoint(task_id="short"))
     path = store.path_for(long_id)
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2] + b"}")
+    path.write_bytes(path.read_bytes()[:60])
     stem = path.name[: -len(".ckpt.json")]
     assert "~" in stem
-    assert store.list() == sorted([stem, "short"])
-    with pytest.raises(CheckpointCorruptedError) as info:
-        store.load(stem)
-    assert str(path) in str(info.value)
-    with pytest.raises(CheckpointCorruptedError):
-        store.load(long_id)
-    assert store.delete(stem)
-    assert not path.exists()
     assert store.list() == ["short"]
-    assert store.load(stem) is None
+    assert [name for name, _ in store.unidentified()] == [path.name]
+    assert store.load(stem) is None and store.delete(stem) is False and path.exists()
+    with pytest.raises(CheckpointCorruptedError) as info:
+        store.load(long_id)
+    assert info.value.location == str(path)
+    assert store.delete(long_id)
+    assert not path.exists() and store.unidentified() == []
 
 
 def _increment(store: FileCheckpointStore, times: int) -> None:
@@ -251,21 +250,31 @@ def test_forked_children_using_the_parents_store_lose_no_update(tmp_path: Path) 
     assert final is not None and final.step == 100
 
 
-def test_checkpoints_written_before_the_xxh3_checksum_still_load_and_are_saved_over(tmp_path: Path) -> None:
-    # Layout 1 (CRC-32 header) is what earlier releases wrote: a task in flight during
-    # the upgrade must resume, not be quarantined as corrupt.
+@pytest.mark.parametrize("layout", [1, 2])
+def test_checkpoints_of_earlier_layouts_still_load_and_are_continued(tmp_path: Path, layout: int) -> None:
+    # Layouts 1 (CRC-32 header) and 2 (XXH3, no journal) are what earlier releases wrote:
+    # a task in flight during the upgrade must resume, not be quarantined as corrupt.
     old = TaskCheckpoint(task_id="t")
     old.record_success("search:1", {"hits": 3})
     body = old.encode_body(1.0)
-    header = b'{"lg_checkpoint":1,"version":4,"crc32":"%s","checkpoint":' % legacy_checksum(4, body).encode()
+    if layout == 1:
+        header = b'{"lg_checkpoint":1,"version":4,"crc32":"%s","checkpoint":' % legacy_checksum(4, body).encode()
+    else:
+        header = b'{"lg_checkpoint":2,"version":4,"xxh3":"%s","checkpoint":' % checksum(4, body).encode()
     store = FileCheckpointStore(tmp_path)
     store.path_for("t").write_bytes(header + body + b"}")
     loaded = store.load("t")
     assert loaded is not None and loaded.version == 4 and loaded.get_result("search:1") == (True, {"hits": 3})
     loaded.step = 5
+    loaded.record_success("search:2", {"hits": 1})
     assert store.save(loaded) == 5
-    assert store.path_for("t").read_bytes().startswith(b'{"lg_checkpoint":2,"version":5,"xxh3":"')
-    # a damaged layout-1 file is still caught
+    assert store.path_for("t").read_bytes() == header + body + b"}"  # continued by a journal record
+    again = FileCheckpointStore(tmp_path).load("t")
+    assert again is not None and again.version == 5 and again.step == 5
+    assert again.get_result("search:2") == (True, {"hits": 1}) and again.get_result("search:1")[0]
+    assert store.save(again, force=True) == 6  # a snapshot: the current layout
+    assert store.path_for("t").read_bytes().startswith(b'{"lg_checkpoint":3,"version":6,"xxh3":"')
+    # a damaged old-layout file is still caught
     store.path_for("t").write_bytes(header + body.replace(b"3", b"4") + b"}")
     with pytest.raises(CheckpointCorruptedError):
         store.load("t")

@@ -121,3 +121,78 @@ def test_sqlite_rows_with_the_earlier_crc32_checksum_still_load(tmp_path: Path) 
         db.execute("UPDATE lg_checkpoints SET checksum = ?", (legacy_checksum(1, body),))
     loaded = store.load("t")
     assert loaded is not None and loaded.results == ["kept"]
+
+
+@pytest.mark.redis
+def test_redis_saves_add_one_journal_field_each_and_compaction_drops_them(redis_server: str) -> None:
+    import redis
+
+    ns = uuid.uuid4().hex[:12]
+    store = RedisCheckpointStore(
+        redis_server, prefix=f"j-{ns}:ck:", quarantine_prefix=f"j-{ns}:q:", compact_min_bytes=300, compact_ratio=0
+    )
+    client = redis.Redis.from_url(redis_server)
+    key = f"j-{ns}:ck:t"
+    cp = TaskCheckpoint(task_id="t")
+    store.save(cp)
+    body = client.hget(key, "body")
+    for i in range(3):
+        cp.add_result(f"result {i}")
+        store.save(cp)
+    assert client.hget(key, "body") == body  # the snapshot is untouched
+    assert sorted(k for k in client.hkeys(key) if k.startswith(b"j:")) == [b"j:2", b"j:3", b"j:4"]
+    assert client.hget(key, "jhead") == b"4"
+    for i in range(3, 20):
+        cp.add_result(f"result {i}")
+        store.save(cp)
+    fields = client.hkeys(key)
+    assert len([k for k in fields if k.startswith(b"j:")]) < 10  # compacted into the snapshot
+    loaded = store.load("t")
+    assert loaded is not None and loaded.results == [f"result {i}" for i in range(20)] and loaded.version == 21
+    store.close()
+    store = RedisCheckpointStore(redis_server, prefix=f"j-{ns}:ck:", quarantine_prefix=f"j-{ns}:q:")
+    loaded.add_result("one more")
+    store.save(loaded)  # an append (the default compaction is far off)
+    head = int(client.hget(key, "jhead") or 0)
+    damaged = client.hget(key, f"j:{head}").replace(b"one more", b"one m0re")  # type: ignore[union-attr]
+    client.hset(key, f"j:{head}", damaged)
+    with pytest.raises(CheckpointCorruptedError, match="checksum") as info:
+        store.load("t")
+    qkeys = client.keys(f"j-{ns}:q:*")
+    assert len(qkeys) == 1 and client.hget(qkeys[0], f"j:{head}") == damaged
+    assert info.value.quarantine is not None
+    store.close()
+    client.close()
+
+
+def test_sqlite_damaged_journal_row_is_quarantined_and_left_in_place(tmp_path: Path) -> None:
+    store = SQLiteCheckpointStore(tmp_path / "c.db")
+    cp = TaskCheckpoint(task_id="t")
+    store.save(cp)
+    cp.add_result("important")
+    store.save(cp)
+    with sqlite3.connect(tmp_path / "c.db") as db:
+        body = db.execute("SELECT body FROM lg_checkpoint_journal").fetchone()[0]
+        bad = body.replace(b"important", b"imp0rtant")
+        db.execute("UPDATE lg_checkpoint_journal SET body = ?", (bad,))
+    with pytest.raises(CheckpointCorruptedError, match="journal record") as info:
+        store.load("t")
+    assert info.value.quarantine is not None and "lg_checkpoint_journal" in info.value.location
+    with sqlite3.connect(tmp_path / "c.db") as db:
+        assert db.execute("SELECT body FROM lg_checkpoint_journal").fetchone()[0] == bad
+        rows = db.execute("SELECT body, reason FROM lg_checkpoint_quarantine").fetchall()
+    assert rows == [(bad, rows[0][1])] and "journal record" in rows[0][1]
+    store.close()
+
+
+@pytest.mark.parametrize("url", ["redis://:pa/ss@127.0.0.1:1/0", "redis://user:p?w#d@127.0.0.1:1/0"])
+def test_a_redis_url_whose_password_would_become_a_host_name_is_refused(url: str) -> None:
+    """redis-py would cut the host part at the '/' (or '?', '#') inside the password and
+    print the rest of the password in every connection error; both stores refuse it."""
+    from loop_governor.checkpoint import RedisCheckpointStore
+    from loop_governor.stores.redis import RedisStore
+
+    for store in (RedisCheckpointStore, RedisStore):
+        with pytest.raises(ValueError, match="percent-encode") as refused:
+            store(url)
+        assert "pa/ss" not in str(refused.value) and "p?w#d" not in str(refused.value)

@@ -248,6 +248,25 @@ ROUTES: dict[str, Scripted] = {
         'messages: roles must alternate between "user" and "assistant", but found multiple "user" roles in a row',
     ),
     "an_504": _an(504, "timeout_error", "Request timed out"),
+    # Spend and usage limits: bodies as the Messages API returns them (issue 17); no retry helps.
+    "an_spend_429": _an(
+        429,
+        "rate_limit_error",
+        "This request would exceed your account's monthly spend limit. Please try again later.",
+        {"retry-after": "600"},
+    ),
+    "an_usage_limit_400": _an(
+        400,
+        "invalid_request_error",
+        "You have reached your specified API usage limits. You will regain access on 2025-07-01 at 00:00 UTC.",
+    ),
+    "an_extra_usage_429": _an(429, "rate_limit_error", "Extra usage is required for long context requests."),
+    "an_account_rate_429": _an(
+        429,
+        "rate_limit_error",
+        "This request would exceed your account's rate limit. Please try again later.",
+        {"retry-after": "12"},
+    ),
     # ---- generic HTTP (httpx, requests, aiohttp, urllib)
     **{
         f"h{code}": Scripted(code, {"error": {"code": code, "message": f"scripted {code}"}})
@@ -628,7 +647,8 @@ class Builder:
             ("an_overloaded", TRANSIENT, "529 overloaded_error", anthropic.APIStatusError),
             ("an_credit", FATAL, "400 credit balance is too low", anthropic.BadRequestError),
             ("an_auth", FATAL, "401 authentication_error invalid x-api-key", anthropic.AuthenticationError),
-            ("an_key_403", FATAL, "403 permission_error about the API key", anthropic.PermissionDeniedError),
+            # the key may not use this resource (a model, a feature): permanent, the key still works
+            ("an_key_403", PERMANENT, "403 permission_error on a resource", anthropic.PermissionDeniedError),
             ("an_org_disabled", FATAL, "403 organization has been disabled", anthropic.PermissionDeniedError),
             ("an_billing_402", FATAL, "402 billing_error", anthropic.APIStatusError),
             ("an_404", PERMANENT, "404 not_found_error (model)", anthropic.NotFoundError),
@@ -642,6 +662,10 @@ class Builder:
                 anthropic.BadRequestError,
             ),
             ("an_504", TRANSIENT, "504 timeout_error", anthropic.APIStatusError),
+            ("an_spend_429", FATAL, "429 rate_limit_error: monthly spend limit", anthropic.RateLimitError),
+            ("an_usage_limit_400", FATAL, "400 specified API usage limits reached", anthropic.BadRequestError),
+            ("an_extra_usage_429", FATAL, "429 extra usage required", anthropic.RateLimitError),
+            ("an_account_rate_429", TRANSIENT, "429 account rate limit", anthropic.RateLimitError),
         ]
         for scenario, label, desc, expect in table:
             self.case(
@@ -651,7 +675,7 @@ class Builder:
                 msg(self.url(scenario)),
                 expect,
                 key=scenario,
-                retry_after=7.0 if scenario == "an_rate" else None,
+                retry_after={"an_rate": 7.0, "an_account_rate_429": 12.0}.get(scenario),
             )
         self.case(
             "anthropic",

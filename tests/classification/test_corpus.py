@@ -98,3 +98,28 @@ def test_retry_after_from_the_server_is_reported(corpus: list[Case]) -> None:
         if info.retry_after is None or abs(float(info.retry_after) - c.retry_after) > 1e-6:
             wrong.append(f"{c.description}: retry_after={info.retry_after!r}, server said {c.retry_after}")
     assert not wrong, "\n".join(wrong)
+
+
+ANTHROPIC_LIMITS = (
+    "anthropic messages.create 429 rate_limit_error: monthly spend limit",
+    "anthropic messages.create 400 specified API usage limits reached",
+    "anthropic messages.create 429 extra usage required",
+    "anthropic messages.create 403 permission_error on a resource",
+    "anthropic messages.create 429 account rate limit",
+    "anthropic messages.create 403 organization has been disabled",
+    # per-minute quotas stay transient next to the new spend-limit texts
+    "google-api-core (grpc_helpers) RateExhausted",
+    "grpc server aborts RateExhausted",
+)
+
+
+def test_anthropic_spend_limits_are_fatal_and_a_resource_permission_is_permanent(corpus: list[Case]) -> None:
+    # Issue 17: the spend-limit 429 was retried as a rate limit; a permission_error on one
+    # resource stopped the whole run as if the key were bad.
+    by_description = {c.description: c for c in corpus}
+    got = {d: str(lg.classify(by_description[d].exc).error_type) for d in ANTHROPIC_LIMITS}
+    assert got == {d: by_description[d].expected for d in ANTHROPIC_LIMITS}
+    assert [by_description[d].expected for d in ANTHROPIC_LIMITS] == [
+        *(FATAL, FATAL, FATAL, PERMANENT, TRANSIENT, FATAL),
+        *(TRANSIENT, TRANSIENT),
+    ]

@@ -245,4 +245,4 @@ def test_a_hostile_body_does_not_cost_the_rest_of_the_evidence() -> None:
         status_code = 503
 
     info = lg.classify(Weird("upstream down"))
-    assert info.error_type == "transient" and info.status == 503 and info.message == "upstream down"
+    assert info.error_type == "transient" and info.status == 503 and info.message == "Weird: upstream down"

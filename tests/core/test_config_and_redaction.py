@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import loop_governor as lg
@@ -196,3 +198,132 @@ def test_mask_url_drops_the_password_with_or_without_a_user() -> None:
     assert mask_url("redis://:SuperSecretPw123@127.0.0.1:6379/0") == "redis://:[REDACTED]@127.0.0.1:6379/0"
     assert mask_url("redis://bob:SuperSecretPw123@h/0") == "redis://bob:[REDACTED]@h/0"
     assert mask_url("file:///var/ck") == "file:///var/ck"
+
+
+# -- issue 17: the formats that survived redaction ------------------------------------------
+_JSON_PASSWORD = 'a b,c;d"e f'
+
+
+@pytest.mark.parametrize(
+    ("text", "secrets"),
+    [
+        ("dsn postgres://app:p@ss/w0rd-9@db.internal:5432/app failed", ["p@ss/w0rd-9", "ss/w0rd"]),
+        ("redis://:pa/ss@word@127.0.0.1:6379/0 unreachable", ["pa/ss@word", "ss@word"]),
+        ("https://bob@example.com:hunter2/x@api.example.com/v1", ["hunter2"]),
+        ("GET https://s3.example.com/o?X-Amz-Signature=d34db33f&X-Amz-Credential=AKX/20240101", ["d34db33f", "AKX"]),
+        ("https://api.example.com/v1?token=tkn12345&key=kee98765&sig=sg55555", ["tkn12345", "kee98765", "sg55555"]),
+        ("https://x.example.com/cb#access_token=atk0001&id_token=itk0002", ["atk0001", "itk0002"]),
+        ("https://storage.example.com/b?X-Goog-Signature=gsig777&AWSAccessKeyId=AWSK888", ["gsig777", "AWSK888"]),
+        ("?client_secret=csec1&refresh_token=rtok2&api_key=akey3&apikey=akey4", ["csec1", "rtok2", "akey3", "akey4"]),
+        ("env: DB_PASSWORD=dbpw111 PGPASSWORD=pgpw222 MY_SECRET=mys333", ["dbpw111", "pgpw222", "mys333"]),
+        ("OPENAI_API_KEY=notansk444 GITHUB_TOKEN=ghtk555 MYSQL_PWD=mypw666", ["notansk444", "ghtk555", "mypw666"]),
+        ("STRIPE_API_KEY: stripe777\nREDISCLI_AUTH=rauth888", ["stripe777", "rauth888"]),
+        (json.dumps({"password": _JSON_PASSWORD, "user": "bob"}), ["a b", "c;d", "e f"]),
+        (json.dumps({"arguments": json.dumps({"password": _JSON_PASSWORD})}), ["a b", "c;d", "e f"]),
+        (json.dumps({"a": json.dumps({"b": json.dumps({"db_password": _JSON_PASSWORD})})}), ["a b", "c;d", "e f"]),
+        (repr({"password": "it is, really; long"}), ["it is", "really", "long"]),
+        ("Cookie: session=cks111; theme=dark\r\nHost: x", ["cks111", "dark"]),
+        ("Set-Cookie: sid=cks222; Path=/; HttpOnly", ["cks222"]),
+        (repr({"Cookie": "sid=cks333; a=b"}), ["cks333"]),
+        (
+            "key file:\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpem111\npem222==\n-----END RSA PRIVATE KEY-----\ndone",
+            ["pem111", "pem222"],
+        ),
+        (json.dumps("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1pem333\npem444"), ["pem333", "pem444"]),
+    ],
+)
+def test_redaction_masks_the_issue_17_formats(text: str, secrets: list[str]) -> None:
+    out = lg.redact(text)
+    assert [s for s in secrets if s in out] == []
+    assert lg.redact(out) == out  # idempotent: every sink may redact again
+
+
+def test_redaction_keeps_what_is_around_the_secret() -> None:
+    assert (
+        lg.redact("postgres://app:p@ss/w0rd@db.internal:5432/app") == "postgres://app:[REDACTED]@db.internal:5432/app"
+    )
+    assert lg.redact(json.dumps({"password": _JSON_PASSWORD, "user": "bob"})) == (
+        '{"password": "[REDACTED]", "user": "bob"}'
+    )
+    assert lg.redact("Cookie: a=1; b=2\nHost: example.com") == "Cookie: [REDACTED]\nHost: example.com"
+    assert lg.redact("-----BEGIN EC PRIVATE KEY-----\nMHc\n-----END EC PRIVATE KEY-----\nok") == (
+        "-----BEGIN EC PRIVATE KEY-----[REDACTED]-----END EC PRIVATE KEY-----\nok"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "http://localhost:8080/path?user=alice@example.com",
+        "https://bob@example.com:8443/users/x",
+        "https://api.example.com/v1/items?page=2&sort=name",
+        "PWD=/home/alice next_token=abc123 page_token=xyz",
+        '{"max_tokens": 100, "key": "user:42", "token_count": 5, "sort_key": "name"}',
+        "auth: failed for user bob; credentials: invalid",
+        '{"password": null, "api_key": ""}',
+        "the cookie jar; a passport; keyboard=us",
+    ],
+)
+def test_issue_17_rules_leave_ordinary_text_alone(text: str) -> None:
+    assert lg.redact(text) == text
+
+
+@pytest.mark.parametrize("name", ["PGPASSWORD", "Set-Cookie", "cookies", "basic_auth", "db_pass", "credentials"])
+def test_secret_named_keys_issue_17(name: str) -> None:
+    from loop_governor.redaction import is_secret_key
+
+    assert is_secret_key(name)
+
+
+def test_mask_url_handles_passwords_with_at_and_slash() -> None:
+    from loop_governor.redaction import mask_url
+
+    assert mask_url("redis://:p@ss/w0rd@10.0.0.1:6379/0") == "redis://:[REDACTED]@10.0.0.1:6379/0"
+
+
+_FRAGMENTS = [
+    "github_pat_11AB0123456789_xyzXYZ",
+    "ghp_0123456789abcdefghijklmnopqrstuvwxyz",
+    "AKIAIOSFODNN7EXAMPLE",
+    "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    "sk-proj-abcdefghijklmnop",
+    "xoxb-0123456789-abc",
+    "hf_abcdefghijklmnopqrstu",
+    "eyJhbGciOiJI.eyJzdWIiOiIx.dozjgNryP4J3",
+    "ya29.a0AfH6SMBx0123456789abcd",
+    "glpat-0123456789abcdefghij",
+    "postgres://u:p@ss/w@db:1/x",
+    "?token=abc",
+    "&X-Amz-Signature=ff",
+    "Bearer abcdef12345",
+    "Authorization: Basic dXNl",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIE",
+    "-----END RSA PRIVATE KEY-----",
+    "Cookie: a=b; c=d",
+    "DB_PASSWORD=x1",
+    '"password": "a b\\"c"',
+    '\\"api_key\\": \\"x y\\"',
+    "GITHUB_TOKEN=abc",
+    " ",
+    "\n",
+    '"',
+    "'",
+    ":",
+    "=",
+    "&",
+    "x",
+    "é",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=6), max_size=12))
+def test_the_fragment_prechecks_never_skip_a_rule_that_would_match(parts: list[str]) -> None:
+    from loop_governor.redaction import _RULES
+
+    text = "".join(parts)
+    unchecked = text
+    for rule in _RULES:
+        unchecked = rule.apply(unchecked)
+    assert lg.redact(text) == unchecked
+    assert lg.redact(lg.redact(text)) == lg.redact(text)

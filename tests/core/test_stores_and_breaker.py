@@ -76,6 +76,17 @@ def test_task_state(store: Store) -> None:
     assert store.signature_hit("task", "s") == 1
 
 
+def test_rate_buckets_are_taken_all_or_nothing(store: Store) -> None:
+    """A provider's request and token limits: a request held back by one takes nothing of the other."""
+    requests, tokens = ("key", 10.0, 10.0, 1.0), ("key:tokens", 100.0, 1000.0, 600.0)
+    assert store.rate_acquire_all([requests, tokens], 0.0) == 0.0
+    assert store.rate_acquire_all([requests, tokens], 0.0) == pytest.approx(2.0)  # (600 - 400) / 100
+    assert [store.rate_acquire("key", 10.0, 10.0, 0.0) for _ in range(9)] == [0.0] * 9  # none was spent
+    assert store.rate_acquire_all([("big", 100.0, 500.0, 5000.0)], 0.0) == 0.0  # capped at the burst
+    assert store.rate_acquire_all([("big", 100.0, 500.0, 5000.0)], 0.0) == pytest.approx(5.0)
+    assert store.rate_acquire_all([tokens], 2.0) == 0.0  # refilled meanwhile
+
+
 def test_governor_is_unchanged_on_sqlite(tmp_path: Path) -> None:
     clock = VirtualClock()
     gov = lg.Governor(lg.GovernorConfig(store_url=f"sqlite:///{tmp_path / 's.db'}"), clock=clock, sleep=clock.sleep)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from crewai.tools import tool
+from crewai.tools.tool_failure import ToolFailureReason
 
 import loop_governor as lg
-from crewai_governor import GovernedToolFailure, govern_tool, govern_tools, install
+from crewai_governor import govern_tool, govern_tools, install
 
 ANSWER = "no docs today, answering from memory"
 
@@ -52,10 +54,11 @@ def test_governed_503_reaches_backend_at_most_8_times(kit: Any, native: bool, mo
     assert all(e["tool"] == "search_docs" and e["retryable"] is False for e in errors)
     # the first request was retried inside the governor; the model saw one outcome
     assert errors[0]["status"] == 503 and errors[0]["attempts"] == governor.config.retry_max_attempts
-    # crewAI recorded the failures instead of treating the calls as successes
+    # crewAI recorded the failures as the tool's own (raised), carrying the governor's JSON
     failures = out.tasks_output[0].tool_failures
     assert len(failures) == 4
-    assert all(isinstance(f.failure, GovernedToolFailure) for f in failures)
+    assert all(f.failure.reason is ToolFailureReason.EXCEPTION for f in failures)
+    assert all(json.loads(f.failure.message)["error"]["tool"] == "search_docs" for f in failures)
 
 
 def test_governed_beats_crewai_alone_on_react(kit: Any, governor: lg.Governor) -> None:

@@ -76,7 +76,7 @@ def test_governed_failures_reach_the_governor_once(
     assert len(tool_calls) == 1 and tool_calls[0]["error_type"] == "permanent"
     failures = [e for e in events if e["event"] == "tool_failure"]
     assert len(failures) == 1
-    assert failures[0]["governed"] is True and failures[0]["reason"] == "tool_reported"
+    assert failures[0]["governed"] is True and failures[0]["reason"] == "exception"
     assert json.loads(failures[0]["message"])["error"]["type"] == "permanent"
 
 
@@ -158,3 +158,21 @@ def test_calls_of_this_governors_tools_are_not_reported_twice(
     tool_calls = [e for e in events if e["event"] == "tool_call"]
     assert backend.count == 1
     assert len(tool_calls) == 1 and "source" not in tool_calls[0]
+
+
+def test_traced_prompts_carry_tool_calls_as_the_model_received_them(
+    kit: Any, governor: lg.Governor, events: list[dict[str, Any]]
+) -> None:
+    llm = kit.ScriptedLLM(
+        model="scripted", native=True, script=[kit.ToolStep("search_docs", {"query": "it's"}), kit.Final("done")]
+    )
+    with GovernorEventListener(governor) as lens:
+        kit.make_crew(llm, [govern_tool(kit.SearchTool(kit.Backend()), governor)]).kickoff()
+        lens.flush()
+
+    second = [e for e in events if e["event"] == "model_call"][1]
+    traced = [m["tool_calls"] for m in second["messages"] if m.get("tool_calls")]
+    sent = [m["tool_calls"] for m in llm.received[1] if m.get("tool_calls")]
+    assert traced == sent  # crewAI's event has them as "'search_docs'" and "'{...}'"
+    assert traced[0][0]["function"]["name"] == "search_docs"
+    assert json.loads(traced[0][0]["function"]["arguments"]) == {"query": "it's"}

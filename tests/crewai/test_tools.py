@@ -12,7 +12,14 @@ from crewai.tools.tool_failure import ToolFailure
 from crewai.utilities.agent_utils import convert_tools_to_openai_schema
 
 import loop_governor as lg
-from crewai_governor import GovernedTool, GovernedToolFailure, govern_tool, govern_tools, stop_error
+from crewai_governor import (
+    GovernedTool,
+    GovernedToolError,
+    GovernedToolFailure,
+    govern_tool,
+    govern_tools,
+    stop_error,
+)
 
 
 @tool("word_count")
@@ -36,16 +43,15 @@ def test_wrapped_tool_looks_identical_to_crewai(kit: Any, governor: lg.Governor)
     assert convert_tools_to_openai_schema(governed)[0] == convert_tools_to_openai_schema(originals)[0]
 
 
-def test_direct_run_returns_values_and_structured_failures(kit: Any, governor: lg.Governor) -> None:
+def test_direct_run_returns_values_and_raises_structured_failures(kit: Any, governor: lg.Governor) -> None:
     assert govern_tool(word_count, governor).run(text="a b c") == 3
 
     failing = govern_tool(kit.SearchTool(kit.Backend(status=404, message="no such page")), governor)
-    result = failing.run(query="x")
-    assert isinstance(result, GovernedToolFailure)
-    body = lg.GovernedError.model_validate(result.details)
-    assert result.message == body.to_model_text()  # exactly the governor's JSON, no suffix
-    assert result.as_agent_message() == result.message
-    assert result.error_type == "permanent" and result.fatal is None
+    with pytest.raises(GovernedToolError) as raised:
+        failing.run(query="x")
+    assert str(raised.value) == raised.value.info.to_model_text()  # exactly the governor's JSON
+    assert raised.value.info.error_type is lg.ErrorType.PERMANENT and raised.value.info.status == 404
+    assert isinstance(raised.value.__cause__, kit.HTTPStatusError)  # the tool's own exception
 
 
 def test_fatal_failure_is_carried_and_can_be_raised(kit: Any, governor: lg.Governor) -> None:
@@ -98,8 +104,9 @@ def test_async_tool_is_governed_with_acall(governor: lg.Governor) -> None:
 def test_sync_tool_through_arun(kit: Any, governor: lg.Governor) -> None:
     backend = kit.Backend(status=503)
     governed = govern_tool(kit.SearchTool(backend), governor)
-    result = asyncio.run(governed.arun(query="x"))
-    assert isinstance(result, GovernedToolFailure) and result.error_type == "transient"
+    with pytest.raises(GovernedToolError) as raised:
+        asyncio.run(governed.arun(query="x"))
+    assert raised.value.info.error_type is lg.ErrorType.TRANSIENT
     assert backend.count == governor.config.retry_max_attempts
 
 

@@ -404,3 +404,24 @@ def test_an_ungoverned_crewai_llm_failure_is_one_model_call_event(
         listener.flush()
     failed = [e for e in seen if e["event"] == "model_call"]
     assert len(failed) == 1 and failed[0]["status"] == "error"
+
+
+def test_crewai_akickoff_fatal_reaches_the_provider_once(
+    openai_server: OpenAIServer, make_governor: Callable[..., lg.Governor]
+) -> None:
+    import asyncio
+
+    from crewai_governor import install
+
+    gov = make_governor()
+    openai_server.set_script(pages(5))
+    openai_server.add_rule(lambda r: insufficient_quota() if r.number >= 2 else None)
+
+    async def main() -> None:
+        async with install(gov):
+            await crew_for(openai_server, gov).akickoff()
+
+    with pytest.raises(lg.FatalError) as stop:
+        asyncio.run(main())
+    assert openai_server.count() == 2
+    assert stop.value.partial_results == [{"page": 0}]

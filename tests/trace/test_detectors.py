@@ -117,3 +117,21 @@ def test_health_counts_framework_error_texts_and_ignores_non_tool_messages() -> 
     ]
     assert context_health(messages) == (0.5, 4)
     assert context_health([{"role": "user", "content": "hi"}]) == (1.0, 0)
+
+
+def test_a_long_prompt_with_a_short_shared_prefix_is_not_flagged(
+    governor: lg.Governor, conversation: Any, emit_model_call: Any
+) -> None:
+    # Turn 2 sends 3000 tokens, but all it shares with turn 1 is a short system prompt
+    # and question: below the provider's 1024-token minimum, nothing could be cached.
+    lens = install(governor, None)
+    first = conversation(1)[0]
+    second = [*first, {"role": "user", "content": "Here is the whole manual: " + "rotate keys often. " * 600}]
+    with governor.task("t1"):
+        emit_model_call(governor, first, cache_read=0, input_tokens=40)
+        emit_model_call(governor, second, cache_read=0, input_tokens=3000)
+        emit_model_call(governor, [*second, {"role": "user", "content": "and?"}], cache_read=0, input_tokens=3010)
+    lens.close()
+    # turn 3 shares the 3000-token turn 2 prompt: that one should have been cached
+    assert [(a["kind"], a["turn"]) for a in lens.anomalies] == [("cache_read_zero", 3)]
+    assert lens.anomalies[0]["prefix_tokens"] >= 2900

@@ -275,7 +275,11 @@ def test_where_governed_loses_a_provider_fault_it_says_why(bench_result: dict[st
             assert set(arms["governed"]["failure_reasons"]) <= {"TransientError", "CircuitOpenError"}
     losses = bench_result["model_policies"]["obedient"]["governed_not_best"]
     assert all(loss["metric"] in ("failure_rate", "prompt_tokens_per_task") for loss in losses)
-    assert {loss["scenario"] for loss in losses} - {"all"} <= {"provider_429_storm", "provider_overloaded_529"}
+    assert {loss["scenario"] for loss in losses} - {"all"} <= {
+        "provider-fault scenarios",
+        "provider_429_storm",
+        "provider_overloaded_529",
+    }
 
 
 def test_jitter_ablation(bench_result: dict[str, Any]) -> None:

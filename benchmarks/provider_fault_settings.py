@@ -25,7 +25,6 @@ offline_crewai(prefix="lg-bench-home-")
 from loop_governor.bench import harness, policy, runner  # noqa: E402
 from loop_governor.bench.world import SCENARIO_BY_NAME  # noqa: E402
 from loop_governor.config import GovernorConfig, ModelPolicy  # noqa: E402
-from loop_governor.governor import Governor  # noqa: E402
 
 # the provider part of the scripted models' endpoints (LangChain's, crewAI's)
 PROVIDERS = ("policychatmodel", "openai")
@@ -52,19 +51,6 @@ def main() -> None:
     bench_runner = runner.make_runner(args.framework)
     print(f"governed arm, {args.framework}, obedient model, seeds {args.seeds}, {args.runs} runs each")
     for label, config in VARIANTS.items():
-
-        def new_governor(world: harness.World, config: GovernorConfig = config) -> Governor:
-            world.governor = Governor(
-                config,
-                clock=world.clock,
-                sleep=world.clock.sleep,
-                asleep=world.clock.asleep,
-                random=world.rng.random,
-                checkpoint_store=world.checkpoints,
-            )
-            return world.governor
-
-        harness.World.new_governor = new_governor  # type: ignore[method-assign]
         for scenario in ("provider_429_storm", "provider_overloaded_529"):
             with runner.quiet_frameworks():
                 outcomes = [
@@ -72,7 +58,13 @@ def main() -> None:
                     for seed in args.seeds
                     for run in range(args.runs)
                     for o in harness.run_world(
-                        bench_runner, "governed", SCENARIO_BY_NAME[scenario], seed, run, policy.delivered_in
+                        bench_runner,
+                        "governed",
+                        SCENARIO_BY_NAME[scenario],
+                        seed,
+                        run,
+                        policy.delivered_in,
+                        config=config,
                     )
                 ]
             failed = sum(o.failed for o in outcomes)

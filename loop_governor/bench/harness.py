@@ -63,6 +63,7 @@ class World:
     rng: random.Random
     provider: Provider
     behaviour: Behaviour = OBEDIENT
+    config: GovernorConfig = field(default_factory=GovernorConfig)
     checkpoints: MemoryCheckpointStore = field(default_factory=MemoryCheckpointStore)
     governor: Governor | None = None
 
@@ -73,7 +74,7 @@ class World:
         checkpoint store is the durable part (a file or SQLite store in production).
         """
         self.governor = Governor(
-            GovernorConfig(),
+            self.config,
             clock=self.clock,
             sleep=self.clock.sleep,
             asleep=self.clock.asleep,
@@ -163,13 +164,16 @@ def run_world(
     run_index: int,
     delivered_of: Callable[[str], list[str]],
     behaviour: Behaviour = OBEDIENT,
+    config: GovernorConfig | None = None,
 ) -> list[TaskOutcome]:
+    """Run one world of ``scenario``; ``config`` is the governed arm's (the bench uses the
+    defaults everywhere; ``benchmarks/provider_fault_settings.py`` tries others)."""
     name = f"{scenario.name}-r{run_index}"
     clock = VirtualClock(0.0)
     downstream = Downstream(clock, seed, name, scenario.faults(), dict(scenario.capacity))
     provider = Provider(clock, seed, name, scenario.model_fault() if scenario.model_fault is not None else None)
     rng = random.Random(int(unit_hash(seed, name, arm) * 2**32))
-    world = World(seed, name, clock, downstream, rng, provider, behaviour)
+    world = World(seed, name, clock, downstream, rng, provider, behaviour, config or GovernorConfig())
     world.checkpoints = MemoryCheckpointStore(clock=clock)
     if arm == "governed":
         world.new_governor()

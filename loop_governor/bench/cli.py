@@ -28,7 +28,7 @@ def _policies(value: str) -> list[str]:
     unknown = [p for p in chosen if p not in POLICY_NAMES]
     if unknown or not chosen:
         raise typer.BadParameter(f"unknown model policy {unknown}; choose from {', '.join(POLICY_NAMES)} or all")
-    return chosen
+    return list(dict.fromkeys(chosen))
 
 
 def _console() -> Console:

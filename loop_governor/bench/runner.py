@@ -274,7 +274,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run everything; returns the JSON-ready result (deterministic for a given seed)."""
     calibration = calibration if calibration is not None else policy.load_calibration()
-    behaviours = [policy.make_behaviour(name, calibration) for name in policies]
+    behaviours = [policy.make_behaviour(name, calibration) for name in dict.fromkeys(policies)]
     outcomes: dict[str, dict[str, dict[str, list[TaskOutcome]]]] = {
         b.name: {f: {a: [] for a in ARMS} for f in frameworks} for b in behaviours
     }

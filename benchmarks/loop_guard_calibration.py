@@ -1,86 +1,471 @@
-"""False-positive rate of the no-progress guard on successful real agent runs.
+"""Loop guards head to head on real agent runs: the governor against trajectory-fuse.
 
-    python benchmarks/loop_guard_calibration.py ../shared/corpus/swe-dev [--threshold 3]
+    python benchmarks/loop_guard_calibration.py ../shared/corpus/swe-dev ../shared/corpus/tau-airline \\
+        [--seed 0] [--json loop_guards.json] [--positions 2] [--model-calls] [--no-raise]
 
-Replays every tool result of every successful run (``exit_status == "Submitted"``) through
-:class:`loop_governor.progress.ProgressGuard`, exactly as the governed call feeds it, and
-counts the runs in which the guard would have warned or stopped the agent. Those runs
-finished their task, so every warning is a false positive; the default settings must
-show 0. Also prints how often trivial results repeat (why they are exempt).
+Every recorded tool call of every run is replayed through ``Governor.call`` inside one task
+per run (default configuration, virtual time; a recorded failure *raises*, see
+``benchmarks/loop_replay.py`` for what counts as one), and the same call is fed to a
+trajectory-fuse ``AgentFuse`` (its default ``FuseConfig``) in the same loop. A guard
+"stops" a run when it refuses a call for good: a ``lg.FatalError`` out of ``g.call``
+(detector = ``info.code``), or ``DeadlockDetected`` (detector = its kind). Per corpus:
+
+1. stops on successful runs (mini-swe-agent ``Submitted``, tau-bench reward 1.0): every
+   one is a false stop -- listed with the steps around it;
+2. loops the recorded runs contain, found by a simple rule of our own
+   (``loop_replay.find_loops``), with the detector that stopped each and the calls spent
+   in the loop up to the stop;
+3. loop patterns spliced into each successful run at a seeded random turn: the share
+   stopped inside the pattern, the median calls spent in the pattern up to and including
+   the refused one ("wasted"), stops before the splice point (false), and every miss of the
+   governor with what it did instead;
+4. microseconds per call (median), ``g.call`` in a task against ``AgentFuse.observe``, on
+   the same recorded steps in the same process.
+
+Deterministic for a given ``--seed`` (except the timings). The governor's configuration is
+``GovernorConfig()``: environment variables try another setting, e.g.
+``LOOP_GOVERNOR_ESCALATION_REPEATS=3`` or, with ``--model-calls``, ``LOOP_GOVERNOR_MAX_STEPS=30``
+(the report's JSON records the configuration it ran with).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
+import importlib.metadata
 import json
+import random
+import statistics
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from loop_governor.governor import call_key
-from loop_governor.progress import ProgressGuard
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loop_replay as lr
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+import loop_governor as lg
 
 
-def _runs(paths: list[Path]) -> list[dict[str, Any]]:
-    files: list[Path] = []
-    for path in paths:
-        files += sorted(path.rglob("*.json.gz")) if path.is_dir() else [path]
-    runs = []
-    for file in files:
-        with gzip.open(file, "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
-        data["_file"] = file.name
-        runs.append(data)
-    return runs
+@dataclass(frozen=True)
+class Settings:
+    seed: int = 0
+    positions: int = 2  # splice positions per run and pattern
+    model_calls: bool = False  # each turn is also a g.call_model of a stub
+    raise_failures: bool = True  # recorded failures raise (off: every result is returned)
+
+    def replay(self, turns: Any, run: lr.Run, *, run_on: bool = False) -> lr.Replay:
+        return lr.replay(
+            turns,
+            run.kind,
+            task_id=run.name,
+            seed=self.seed,
+            model_calls=self.model_calls,
+            run_on=run_on,
+            raise_failures=self.raise_failures,
+        )
 
 
-def _tool_results(messages: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(tool name, call key, result text) in the order the agent received them."""
-    calls: dict[str, tuple[str, str]] = {}
-    out = []
-    for message in messages:
-        for call in message.get("tool_calls") or []:
-            fn = call.get("function", {})
-            name = fn.get("name", "?")
-            calls[call.get("id", "")] = (name, call_key(name, (fn.get("arguments", ""),)))
-        if message.get("role") == "tool":
-            name, key = calls.get(message.get("tool_call_id", ""), ("?", "?"))
-            content = message.get("content")
-            if isinstance(content, list):
-                content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-            out.append((name, key, content if isinstance(content, str) else json.dumps(content)))
+GUARDS = ("governor", "fuse")
+GUARD_NAMES = {"governor": "loop-governor", "fuse": "trajectory-fuse"}
+CONTEXT = 3  # steps shown before a stop (and 1 after)
+
+
+def _stop(replay: lr.Replay, guard: str) -> lr.Stop | None:
+    return replay.governor if guard == "governor" else replay.fuse
+
+
+def _context(replay: lr.Replay, at: int) -> list[str]:
+    lines = []
+    for i in range(max(0, at - CONTEXT), min(len(replay.steps), at + 2)):
+        said = replay.outcomes[i] if i < len(replay.outcomes) else "-"
+        mark = ">>" if i == at else "  "
+        origin = "" if replay.steps[i].origin == "run" else f" <{replay.steps[i].origin}>"
+        lines.append(f"{mark} {i:>3} {lr.describe(replay.steps[i])}  | governor: {said}{origin}")
+    return lines
+
+
+def _subject(replay: lr.Replay, stop: lr.Stop) -> str | None:
+    for signal in reversed(replay.signals):
+        if signal.step == stop.step and signal.action == "stop":
+            return str(signal.fields.get("subject") or signal.event)
+    return None
+
+
+def _squeeze(outcomes: list[str]) -> str:
+    """``ok, ok, ok, PermanentError`` -> ``ok x3, PermanentError``."""
+    parts = []
+    for value, group in groupby(outcomes):
+        n = len(list(group))
+        parts.append(value if n == 1 else f"{value} x{n}")
+    return ", ".join(parts) or "-"
+
+
+def _tally(outcomes: list[str]) -> str:
+    """``ok, E, ok, E`` -> ``ok x2, E x2`` (in order of first appearance)."""
+    counts = Counter(outcomes)
+    return ", ".join(value if n == 1 else f"{value} x{n}" for value, n in counts.items()) or "-"
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- 1 and 2: the recorded runs ------------------------------------------------------------
+
+
+def recorded(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
+    stops: list[dict[str, Any]] = []
+    loops: list[dict[str, Any]] = []
+    flagged: dict[str, Counter[str]] = {"successful": Counter(), "unsuccessful": Counter()}
+    # what the governor's warnings on successful runs were about: event -> subject -> runs
+    subjects: dict[str, Counter[str]] = {}
+    for run in runs:
+        replay = settings.replay(run.turns, run, run_on=True)
+        for guard in GUARDS:
+            stop = _stop(replay, guard)
+            if stop is not None:
+                stops.append(
+                    {
+                        "run": run.name,
+                        "successful": run.success,
+                        "outcome": run.outcome,
+                        "guard": guard,
+                        "step": stop.step,
+                        "of_steps": len(replay.steps),
+                        "detector": stop.detector,
+                        # what the stop was about (the governor's escalation subject, if any)
+                        "subject": _subject(replay, stop) if guard == "governor" else None,
+                        # the recorded outcome of the refused call: "ok" means it worked in the real run
+                        "recorded": replay.steps[stop.step].failure or "ok",
+                        "message": stop.message[:300],
+                        "context": _context(replay, stop.step),
+                    }
+                )
+        flagged["successful" if run.success else "unsuccessful"].update({s.label for s in replay.signals})
+        if run.success:
+            seen: set[tuple[str, str]] = set()
+            for s in replay.signals:
+                subject = str(s.fields.get("signature") or s.fields.get("subject") or s.tool)
+                seen.add((s.label, subject))
+            for label, subject in seen:
+                subjects.setdefault(label, Counter())[subject] += 1
+        for loop in lr.find_loops(replay.steps):
+            entry: dict[str, Any] = {
+                "run": run.name,
+                "successful": run.success,
+                "steps": [loop.start, loop.end],
+                "calls": loop.calls,
+                "rules": loop.rules,
+                "first": lr.describe(replay.steps[loop.start]),
+                "signals": sorted({f"{s.label}@{s.step}" for s in replay.signals if loop.start <= s.step <= loop.end}),
+                "governor_said": _squeeze(replay.outcomes[loop.start : loop.end + 1]),
+            }
+            for guard in GUARDS:
+                stop = _stop(replay, guard)
+                if stop is None:
+                    entry[guard] = {"status": "not stopped"}
+                elif stop.step < loop.start:
+                    entry[guard] = {"status": "stopped before", "step": stop.step, "detector": stop.detector}
+                elif stop.step > loop.end:
+                    entry[guard] = {"status": "stopped after", "step": stop.step, "detector": stop.detector}
+                else:
+                    entry[guard] = {
+                        "status": "stopped",
+                        "step": stop.step,
+                        "detector": stop.detector,
+                        "wasted": stop.step - loop.start + 1,
+                    }
+            loops.append(entry)
+    return {
+        "stops": stops,
+        "loops": loops,
+        "flagged_runs": {k: dict(sorted(v.items())) for k, v in flagged.items()},
+        "signal_subjects_successful": {k: dict(v.most_common(10)) for k, v in sorted(subjects.items())},
+    }
+
+
+# -- 3: spliced patterns ---------------------------------------------------------------------
+
+
+def spliced(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
+    healthy = [run for run in runs if run.success]
+    out: dict[str, Any] = {}
+    for pattern in (*lr.PATTERNS, *lr.EXTRA_PATTERNS):
+        per_guard: dict[str, dict[str, Any]] = {
+            g: {"stopped": 0, "false": 0, "late": 0, "missed": 0, "wasted": [], "detectors": Counter()} for g in GUARDS
+        }
+        misses: list[dict[str, Any]] = []
+        total = 0
+        for run in healthy:
+            for position in range(settings.positions):
+                rng = random.Random(f"{settings.seed}:{pattern}:{run.name}:{position}")
+                cut = lr.splice(run, pattern, rng)
+                replay = settings.replay(cut.turns, run)
+                total += 1
+                end = cut.start + cut.length
+                for guard in GUARDS:
+                    stop, tally = _stop(replay, guard), per_guard[guard]
+                    if stop is None:
+                        tally["missed"] += 1
+                    elif stop.step < cut.start:
+                        tally["false"] += 1
+                    elif stop.step >= end:
+                        tally["late"] += 1
+                    else:
+                        tally["stopped"] += 1
+                        tally["wasted"].append(stop.step - cut.start + 1)
+                        tally["detectors"][stop.detector] += 1
+                    if guard == "governor" and (stop is None or not cut.start <= stop.step < end):
+                        inside = [s for s in replay.signals if cut.start <= s.step < end]
+                        misses.append(
+                            {
+                                "run": run.name,
+                                "splice_at": cut.start,
+                                "result": "missed"
+                                if stop is None
+                                else ("false stop before the splice" if stop.step < cut.start else "stopped after it"),
+                                "stop": None if stop is None else {"step": stop.step, "detector": stop.detector},
+                                "governor_said": _tally(replay.outcomes[cut.start : end]),
+                                "governor_sequence": _squeeze(replay.outcomes[cut.start : end]),
+                                "signals": [f"{s.label}@+{s.step - cut.start}" for s in inside],
+                                "unit": list(dict.fromkeys(lr.describe(st) for st in replay.steps[cut.start : end]))[
+                                    :3
+                                ],
+                            }
+                        )
+        result: dict[str, Any] = {"help": lr.PATTERN_HELP[pattern], "extra": pattern in lr.EXTRA_PATTERNS, "n": total}
+        for guard, tally in per_guard.items():
+            wasted = tally.pop("wasted")
+            result[guard] = {
+                **tally,
+                "detectors": dict(tally["detectors"]),
+                "stopped_share": tally["stopped"] / total if total else None,
+                # among the splices whose run was not already stopped before the splice point
+                "stopped_share_clean": tally["stopped"] / (total - tally["false"]) if total > tally["false"] else None,
+                "median_wasted": _median(wasted),
+                "max_wasted": max(wasted) if wasted else None,
+            }
+        result["governor_misses"] = misses
+        out[pattern] = result
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path)
-    parser.add_argument("--threshold", type=int, default=3)
-    parser.add_argument("--trivial-chars", type=int, default=10)
-    args = parser.parse_args()
+# -- 4: cost per call --------------------------------------------------------------------------
 
-    runs = [r for r in _runs(args.paths) if r.get("exit_status") == "Submitted"]
-    flagged: list[tuple[str, str, int]] = []
-    trivial_repeats = 0
-    for run in runs:
-        guard = ProgressGuard(args.threshold, args.trivial_chars)
-        naive = ProgressGuard(args.threshold, trivial_chars=-1)  # no trivial exemption
-        naive_hit = False
-        for name, key, text in _tool_results(run["messages"]):
-            verdict = guard.observe(name, text, lambda key=key: key)
-            naive_hit = naive_hit or naive.observe(name, text, lambda key=key: key).action != "ok"
-            if verdict.action != "ok":
-                flagged.append((run["_file"], verdict.action, verdict.count))
-                break
-        trivial_repeats += naive_hit
-    runs_flagged = len({f for f, _, _ in flagged})
-    print(f"successful runs replayed: {len(runs)}")
-    print(f"runs the guard would warn or stop (false positives): {runs_flagged} "
-          f"({runs_flagged / max(len(runs), 1):.1%})")
-    for file, action, count in flagged:
-        print(f"  {file}: {action} after {count} identical results")
-    print(f"runs with {args.threshold}+ repeated results if trivial ones (<= {args.trivial_chars} chars) counted: "
-          f"{trivial_repeats} ({trivial_repeats / max(len(runs), 1):.1%})")
+
+def timing(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
+    gov, fuse = lr.time_calls(runs, seed=settings.seed, raise_failures=settings.raise_failures)
+    out: dict[str, Any] = {"calls": len(gov)}
+    for name, values in (("governor", gov), ("fuse", fuse)):
+        out[name] = {
+            "median_us": _median(values),
+            "p90_us": _quantile(values, 0.9),
+            "mean_us": statistics.fmean(values),
+        }
+    return out
+
+
+# -- the whole report ---------------------------------------------------------------------------
+
+
+def evaluate(paths: list[Path], settings: Settings | None = None) -> dict[str, Any]:
+    settings = settings or Settings()
+    corpora: dict[str, Any] = {}
+    for path in paths:
+        runs = lr.load_runs(path)
+        name = runs[0].corpus if runs else path.name
+        corpora[name] = {
+            "path": str(path),
+            "runs": len(runs),
+            "successful": sum(run.success for run in runs),
+            "tool_calls": sum(len(run.steps) for run in runs),
+            "model_calls": sum(len(run.turns) for run in runs),
+            "recorded": recorded(runs, settings),
+            "spliced": spliced(runs, settings),
+            "timing": timing(runs, settings),
+        }
+    return {
+        "settings": asdict(settings),
+        "versions": {
+            "loop-governor": importlib.metadata.version("loop-governor"),
+            "trajectory-fuse": importlib.metadata.version("trajectory-fuse"),
+        },
+        "governor_config": lg.GovernorConfig().model_dump(mode="json"),
+        "corpora": corpora,
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _num(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _detectors(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
+
+
+def render(report: dict[str, Any], console: Console) -> None:
+    console.print(
+        f"loop-governor {report['versions']['loop-governor']} vs trajectory-fuse "
+        f"{report['versions']['trajectory-fuse']} (default configurations); {report['settings']}"
+    )
+    for name, corpus in report["corpora"].items():
+        rec = corpus["recorded"]
+        console.rule(
+            f"{name}: {corpus['runs']} runs ({corpus['successful']} successful), {corpus['tool_calls']} tool calls"
+        )
+        summary = Table(box=box.SIMPLE_HEAD, title="recorded runs, per guard")
+        for col in (
+            "",
+            "stops on successful runs (goal 0)",
+            "stops on unsuccessful runs",
+            "loops found and stopped in them",
+        ):
+            summary.add_column(col)
+        loops = rec["loops"]
+        for guard in GUARDS:
+            good = Counter(s["detector"] for s in rec["stops"] if s["guard"] == guard and s["successful"])
+            bad = Counter(s["detector"] for s in rec["stops"] if s["guard"] == guard and not s["successful"])
+            stopped = [lp[guard] for lp in loops if lp[guard]["status"] == "stopped"]
+            wasted = _median([float(s["wasted"]) for s in stopped])
+            summary.add_row(
+                GUARD_NAMES[guard],
+                f"{sum(good.values())} ({_detectors(dict(good))})",
+                f"{sum(bad.values())} ({_detectors(dict(bad))})",
+                f"{len(stopped)} of {len(loops)}; median wasted {_num(wasted, '{:.0f}')} "
+                f"({_detectors(dict(Counter(s['detector'] for s in stopped)))})",
+            )
+        console.print(summary)
+        flags = rec["flagged_runs"]
+        console.print(
+            "governor signals (runs with at least one): successful: "
+            f"{_detectors(flags['successful'])}; unsuccessful: {_detectors(flags['unsuccessful'])}"
+        )
+        for label, subjects in rec["signal_subjects_successful"].items():
+            top = "; ".join(f"{n} x {subject[:90]}" for subject, n in list(subjects.items())[:4])
+            console.print(f"  {label} on successful runs, by subject (runs): {top}")
+        false = [s for s in rec["stops"] if s["successful"]]
+        if false:
+            console.print("\nstops on successful runs:")
+        causes = Counter(
+            f"{GUARD_NAMES[s['guard']]} {s['detector']}"
+            + (f"/{s['subject']}" if s["subject"] else "")
+            + f" (refused call recorded {'ok' if s['recorded'] == 'ok' else 'failing'})"
+            for s in false
+        )
+        for cause, n in causes.most_common():
+            console.print(f"  {n:>3} x {cause}")
+        for s in false:
+            about = f", about: {s['subject']}" if s["subject"] else ""
+            console.print(
+                f"- {GUARD_NAMES[s['guard']]} [{s['detector']}{about}] {s['run']}: step {s['step']} of "
+                f"{s['of_steps']} (recorded outcome of that call: {s['recorded']})"
+            )
+            for line in s["context"]:
+                console.print(f"    {line}")
+        if loops:
+            table = Table(box=box.SIMPLE_HEAD, title="loops in the recorded runs (R1 repeat, R2 cycle, R3 failing)")
+            for col in ("run", "ok?", "steps", "rules", "first call", "loop-governor", "trajectory-fuse"):
+                table.add_column(col, overflow="fold")
+            for lp in loops:
+                cells = []
+                for guard in GUARDS:
+                    v = lp[guard]
+                    cells.append(
+                        v["status"]
+                        + (f" [{v['detector']}] @{v['step']}" if "detector" in v else "")
+                        + (f", {v['wasted']} calls" if "wasted" in v else "")
+                    )
+                table.add_row(
+                    lp["run"],
+                    "yes" if lp["successful"] else "no",
+                    f"{lp['steps'][0]}-{lp['steps'][1]}",
+                    ",".join(lp["rules"]),
+                    lp["first"][:70],
+                    *cells,
+                )
+            console.print(table)
+        spl = corpus["spliced"]
+        table = Table(
+            box=box.SIMPLE_HEAD, title="spliced patterns (stopped inside / median wasted / false stops before)"
+        )
+        table.add_column("pattern")
+        table.add_column("n")
+        for guard in GUARDS:
+            table.add_column(f"{GUARD_NAMES[guard]} stopped")
+            table.add_column("of clean")
+            table.add_column("wasted")
+            table.add_column("false")
+            table.add_column("detectors")
+        for pattern, res in spl.items():
+            cells = []
+            for guard in GUARDS:
+                g = res[guard]
+                cells += [
+                    f"{_pct(g['stopped_share'])} ({g['stopped']})",
+                    _pct(g["stopped_share_clean"]),
+                    _num(g["median_wasted"], "{:.0f}"),
+                    str(g["false"]),
+                    _detectors(g["detectors"]),
+                ]
+            table.add_row(pattern + (" *" if res["extra"] else ""), str(res["n"]), *cells)
+        console.print(table)
+        console.print(
+            "* extra patterns, not among the issue's five. 'of clean': the share stopped among the splices "
+            "whose run was not already (falsely) stopped before the splice point"
+        )
+        for pattern, res in spl.items():
+            misses = res["governor_misses"]
+            if not misses:
+                continue
+            reasons = Counter(f"{m['result']}: {m['governor_said']}" for m in misses)
+            console.print(f"\ngovernor misses, {pattern} ({len(misses)} of {res['n']}):")
+            for reason, n in reasons.most_common(6):
+                console.print(f"    {n:>3} x {reason}")
+        t = corpus["timing"]
+        console.print(
+            f"\nus per call over {t['calls']} recorded calls: loop-governor median {_num(t['governor']['median_us'])} "
+            f"(p90 {_num(t['governor']['p90_us'])}), trajectory-fuse median {_num(t['fuse']['median_us'])} "
+            f"(p90 {_num(t['fuse']['p90_us'])})",
+            highlight=False,
+        )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="corpus folders (or files) of recorded runs")
+    parser.add_argument("--seed", type=int, default=0, help="splice positions and pattern contents")
+    parser.add_argument("--json", type=Path, default=None, help="write the full report here")
+    parser.add_argument("--positions", type=int, default=2, help="splice positions per run and pattern")
+    parser.add_argument(
+        "--model-calls", action="store_true", help="also run each model call through g.call_model (a stub)"
+    )
+    parser.add_argument(
+        "--no-raise", action="store_true", help="recorded failures are returned as results instead of raised"
+    )
+    args = parser.parse_args(argv)
+    settings = Settings(args.seed, args.positions, args.model_calls, not args.no_raise)
+    report = evaluate(args.paths, settings)
+    render(report, Console(width=200, highlight=False, markup=False))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
+    return report
 
 
 if __name__ == "__main__":

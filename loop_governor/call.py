@@ -26,8 +26,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from loop_governor.fingerprint import Fingerprint, args_signature, result_text
+from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, result_text
 from loop_governor.keys import call_key
+from loop_governor.scope_vars import _CALL_META
 
 if TYPE_CHECKING:
     from loop_governor.breaker import Admission
@@ -87,6 +88,8 @@ class Call:
     fallback_from: str | None = None
     next_fallback = 0
     warned = False  # a guard already told the model about this call (one note per result)
+    _same_decision: bool | None = None
+    _args_shape: int | None = None
     _fingerprint: Fingerprint | None = None
     _args_sig: tuple[int, int] | None = None
 
@@ -142,6 +145,45 @@ class Call:
     def key_if_known(self) -> str | None:
         return self._key
 
+    @property
+    def args_shape(self) -> int:
+        """The arguments with every digit dropped: "the same call but for a number" (the
+        next flight, another line range) shares it."""
+        if self._args_shape is None:
+            self._args_shape = args_shape(self.args, self.kwargs)
+        return self._args_shape
+
+    @property
+    def args_text(self) -> str:
+        """The arguments as text (for :func:`~loop_governor.fingerprint.walks`)."""
+        try:
+            return repr((self.args, dict(self.kwargs)))[:8192]
+        except Exception:
+            return ""
+
+    @property
+    def same_decision(self) -> bool:
+        """Whether this call re-runs the task's previous tool call (same tool call id): a
+        retrying middleware around the governor, not a repeat by the model. Asked once per
+        call; the first ask moves the task's marker on."""
+        same = self._same_decision
+        if same is None:
+            invocation, scope = self.invocation, self.scope
+            same = invocation is not None and scope is not None and scope.last_invocation == invocation
+            if scope is not None:
+                scope.last_invocation = invocation
+            self._same_decision = same
+        return same
+
+    @property
+    def invocation(self) -> Any:
+        """The framework's id of the decision this call carries out (LangChain's
+        ``tool_call_id``), when the adapter gave one: a middleware outside the governor
+        that retries the same tool call re-runs the same decision, the model did not
+        repeat itself, and the loop guards do not count it."""
+        meta = _CALL_META.get()
+        return meta.get("tool_call_id") if meta else None
+
     def switch(self, name: str, fn: Callable[..., Any], policy: ResolvedPolicy) -> None:
         """Point the call at a fallback model: a fresh breaker, rate limit and retry loop."""
         if self.fallback_from is None:
@@ -163,6 +205,18 @@ class Resumed:
     """``Policy.before``'s short-circuit: the call's result is already known."""
 
     value: Any
+
+
+class PassThrough(BaseException):
+    """Raise ``PassThrough(exc)`` from an attempt to hand back an exception that is not the
+    call's own failure (another middleware's, a parser's after the model answered): the
+    governor re-raises ``exc`` as it is -- not classified, not retried, not counted
+    against a breaker. A ``BaseException``, so no ``except Exception`` on the way (the
+    retry loop's included) takes it for a failure."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
 
 
 class Refused(Exception):

@@ -26,7 +26,7 @@ from typing import Any
 
 from tenacity import AsyncRetrying, Retrying
 
-from loop_governor.call import MODEL, AttemptPolicy, Call, Policy, Refused, Resumed, overrides
+from loop_governor.call import MODEL, AttemptPolicy, Call, PassThrough, Policy, Refused, Resumed, overrides
 from loop_governor.errors import AgentToolError, TransientError
 from loop_governor.outcome import failure
 from loop_governor.retry import RetryLoop
@@ -135,9 +135,13 @@ class Chain:
                 if self._fall_back(call, failed.error):
                     continue
                 raise self._close_failed(plan, call, failed.error) from failed.cause
+            except PassThrough as passed:
+                foreign = passed.exc
+                break
             for moment in plan.after_success:
                 result = moment(call, result)
             return result
+        raise foreign  # not the call's failure: as it came, outside the except block
 
     async def arun(self, call: Call) -> Any:
         """Async twin of :meth:`run` (same decisions; awaits the attempts and the waits)."""
@@ -152,9 +156,13 @@ class Chain:
                 if self._fall_back(call, failed.error):
                     continue
                 raise self._close_failed(plan, call, failed.error) from failed.cause
+            except PassThrough as passed:
+                foreign = passed.exc
+                break
             for moment in plan.after_success:
                 result = moment(call, result)
             return result
+        raise foreign  # not the call's failure: as it came, outside the except block
 
     def _attempts(self, plan: Plan, call: Call) -> Any:
         try:

@@ -748,8 +748,19 @@ def _with_type(exc_type: str, message: str) -> str:
     return f"{exc_type}: {message}"
 
 
+_MARKUP_LINE = re.compile(r"^\s*(?:</?[A-Za-z_][\w\-]{0,40}/?>\s*)*$")
+
+
 def _signature(tool: str | None, exc_type: str, message: str) -> str:
-    return f"{tool or '-'}:{exc_type}:{normalize_message(message)[:100]}"
+    """``tool:ExceptionType:normalized message``. A message of several lines is signed on
+    its first and last lines with text (a Python traceback, a command's output wrapped in
+    markup): its head alone is the same for every traceback."""
+    lines = [line for line in message[:4000].splitlines() if not _MARKUP_LINE.match(line)]
+    if len(lines) > 1:
+        text = f"{normalize_message(lines[0])[:60]} | {normalize_message(lines[-1])[:60]}"
+    else:
+        text = normalize_message(message)[:100]
+    return f"{tool or '-'}:{exc_type}:{text}"
 
 
 # --- entry point ------------------------------------------------------------------------

@@ -48,6 +48,11 @@ class ToolPolicy(BaseModel):
     escalation_repeats: int | None = Field(
         default=None, ge=1, description="after the model was told to stop repeating, this many more end the task"
     )
+    stateless: bool = Field(
+        default=False,
+        description="the tool's answer depends on its arguments alone: a known-bad call stays known-bad even "
+        "after other calls of it succeed (by default a success retires it: a shell may succeed after an edit)",
+    )
 
 
 class ModelPolicy(BaseModel):
@@ -111,6 +116,7 @@ class ResolvedPolicy:
         "rate_key",
         "rate_per_s",
         "rated",
+        "stateless",
         "token_burst",
         "tokens_per_s",
         "unknown_error",
@@ -131,6 +137,7 @@ class ResolvedPolicy:
         )
         self.unknown_error: ErrorClass = o.unknown_error or config.unknown_error
         self.max_calls: int | None = o.max_calls if isinstance(o, ToolPolicy) else None
+        self.stateless: bool = o.stateless if isinstance(o, ToolPolicy) else False
         own = o.escalation_repeats if isinstance(o, ToolPolicy) else None
         self.escalation_repeats: int = own or config.escalation_repeats
         self.tokens_per_s: float | None = None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.checkpointing import stop_run
 from loop_governor.errors import AgentToolError, ErrorType, FatalError, GovernedError, NoProgressError
-from loop_governor.fingerprint import Fingerprint
+from loop_governor.fingerprint import Fingerprint, walks
 from loop_governor.progress import OK, Verdict, annotate, ends_text
 
 if TYPE_CHECKING:
@@ -45,17 +45,17 @@ class CycleTracker:
     __slots__ = ("_history", "_period", "_runs", "_since")
 
     def __init__(self) -> None:
-        self._history: list[tuple[str, tuple[int, int], Fingerprint]] = []
+        self._history: list[tuple[str, Fingerprint, Call]] = []
         self._runs = [0] * (PERIODS[-1] + 1)
         self._period = 0  # the cycle the model was warned about (0: none)
         self._since = 0  # its steps since the warning
 
-    def push(self, tool: str, args: tuple[int, int], result: Fingerprint, then: int) -> Verdict:
-        history, runs = self._history, self._runs
+    def push(self, call: Call, result: Fingerprint, then: int) -> Verdict:
+        history, runs, tool = self._history, self._runs, call.name
         n = len(history)
         for p in PERIODS:
-            runs[p] = runs[p] + 1 if n >= p and _same_step(history[-p], tool, args, result) else 0
-        history.append((tool, args, result))
+            runs[p] = runs[p] + 1 if n >= p and _same_step(history[-p], tool, result, call) else 0
+        history.append((tool, result, call))
         if n + 1 > _HISTORY:
             del history[0]
         period = 0
@@ -75,17 +75,32 @@ class CycleTracker:
         return Verdict("repeat", "cycle", self._period, then - self._since)
 
 
-def _same_step(
-    step: tuple[str, tuple[int, int], Fingerprint], tool: str, args: tuple[int, int], result: Fingerprint
-) -> bool:
-    t, a, r = step
-    if t != tool or a[0] != args[0]:
+_FULL_LIMIT = 1024  # longer results are compared in their cheap form only (cost per call)
+
+
+def _same_step(step: tuple[str, Fingerprint, Call], tool: str, result: Fingerprint, call: Call) -> bool:
+    """Whether ``call`` (its ``result``) repeats an earlier step. Results first: they
+    differ for most steps, and comparing them is cheaper than normalizing arguments."""
+    t, r, c = step
+    if t != tool:
         return False
-    if a[1] == args[1]:
-        return result.same_as(r)  # the same call: the same result after normalization
-    # a call that only walked on (another page): no progress if it got the very same answer
-    # (normalized, "order 12" and "order 14" would look alike: a new page of new orders)
-    return result.text == r.text
+    if result.cheap != r.cheap:
+        # the same call answered alike but for ids or quoted values? Only short answers
+        # (verdicts, statuses) are normalized in full; long ones differ, as they are
+        if result.size > _FULL_LIMIT or call.args_signature != c.args_signature:
+            return False
+        return result.same_as(r)
+    mine, theirs = call.args_signature, c.args_signature
+    if mine[0] == theirs[0]:
+        # the same call (or one that only walked on to another page: no progress if it got
+        # the very same answer; normalized, "order 12" and "order 14" would look alike)
+        return mine[1] == theirs[1] or result.text == r.text
+    # other arguments: still no progress if only numbers that walk moved (a line range
+    # through a file, ``sed -n '400,449p'`` then ``'450,499p'``) and the answer is the
+    # very same; other numbers name other things (``file2.py``, item 17): a batch
+    if result.text != r.text or call.args_shape != c.args_shape:
+        return False
+    return walks(c.args_text, call.args_text)
 
 
 class Cycles(Policy):
@@ -103,11 +118,11 @@ class Cycles(Policy):
         tracker: CycleTracker | None = scope.cycles
         if tracker is None:
             tracker = scope.cycles = CycleTracker()
-        return tracker.push(call.name, call.args_signature, result, call.policy.escalation_repeats)
+        return tracker.push(call, result, call.policy.escalation_repeats)
 
     def after_success(self, call: Call, result: Any) -> Any:
         fp = call.fingerprint(result)
-        if fp is None:
+        if fp is None or call.same_decision:
             return result
         verdict = self._verdict(call, fp)
         if verdict is OK:
@@ -120,7 +135,7 @@ class Cycles(Policy):
         return annotate(result, NOTE.format(cycle=_cycle(verdict.count), ends=_ends(verdict)))
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
-        if isinstance(error, FatalError):
+        if isinstance(error, FatalError) or call.same_decision:
             return error
         verdict = self._verdict(call, Fingerprint(f"\x00error\x00{error.info.signature}"))
         if verdict is OK:

@@ -10,12 +10,15 @@ end the run with :class:`~loop_governor.errors.NoProgressError` (a ``FatalError`
 checkpoint is saved, the partial results come with it). The text says so plainly from
 the first time ("2 more identical calls end the task").
 
-What "the same thing" is, per signal:
+What "the same thing" is, per signal -- until the tool succeeds with other arguments: a
+tool with state (a shell after an edit) may well behave differently now, so the count
+starts over:
 
 * a permanent failure (then its known-bad replays): the identical call;
-* the repeated-error guard's ``LoopDetectedError``: the tool + error signature;
-* an open breaker's refusal: the tool, while its breaker is open;
-* a shared rate limit's refusal: the tool, while it is over its limit.
+* the repeated-error guard's ``LoopDetectedError``: the same error for the same call but
+  for its numbers (the next flight number, another line range);
+* an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
+  while the tool is refused.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from loop_governor.errors import (
     LoopDetectedError,
     NoProgressError,
 )
+from loop_governor.known_bad import BadCalls
 from loop_governor.progress import ends_text
 
 if TYPE_CHECKING:
@@ -54,12 +58,14 @@ def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] 
         if reason == "known_bad":
             return ("call", call.key), True
         if reason == "breaker" or isinstance(error, CircuitOpenError):
-            return ("breaker", call.name), False
+            return ("breaker", f"{call.name}:{call.args_shape}"), False
         if reason == "rate_limited":
-            return ("rate", call.name), False
+            return ("rate", f"{call.name}:{call.args_shape}"), False
         return None
     if isinstance(error, LoopDetectedError):
-        return ("signature", error.info.signature), False
+        # the same error for the same call but for a number (the next flight), not any call
+        # of the tool that fails alike: a shell's commands share "Traceback ..." signatures
+        return ("signature", f"{error.info.signature}:{call.args_shape}"), False
     if error.info.error_type is ErrorType.PERMANENT:
         return ("call", call.key), False
     return None
@@ -81,13 +87,27 @@ class Escalation(Policy):
         subject = _subject(call, error)
         if subject is None:
             return error
-        key, repeat = subject
+        kind, about = subject[0]
+        # in the tool's current generation: a success of the tool with other arguments
+        # since the warning means the world moved on (a shell after an edit), start over
+        memory = scope.bad_calls
+        if memory is None:
+            memory = scope.bad_calls = BadCalls()
+        memory.generations.setdefault(call.name, 0)
+        key, repeat = (kind, f"{about}@{memory.generation(call.name)}"), subject[1]
         told, limit = scope.told, call.policy.escalation_repeats
+        invocation = call.invocation
         seen = told.get(key)
         if seen is None and not repeat:
-            told[key] = 0  # told now: the text says what a repeat will do
+            told[key] = (0, invocation)  # told now: the text says what a repeat will do
             return self._warn(call, error, key, limit)
-        count = told[key] = (seen or 0) + 1
+        count, last = seen or (0, None)
+        if invocation is not None and invocation == last:
+            # the same tool call again (a retrying middleware around the governor), not
+            # the model asking again: nothing to count
+            return self._warn(call, error, key, limit - count)
+        count += 1
+        told[key] = (count, invocation)
         if count >= limit:
             return self._stop(call, error, key, count)
         return self._warn(call, error, key, limit - count)

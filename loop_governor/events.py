@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from loop_governor.scope import _CALL_META, _SCOPE
+from loop_governor.scope_vars import _CALL_META, _SCOPE
 
 Subscriber = Callable[[dict[str, Any]], None]
 

@@ -16,6 +16,7 @@ back empty. So the guards compare
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -160,3 +161,40 @@ def args_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[in
         return masked, hash(tuple(sorted(walks))) if walks else 0
     except Exception:  # an argument whose repr or hash fails: compare it by identity
         return hash((id(args), id(kwargs))), 0
+
+
+def args_shape(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """The arguments' text with digits dropped and whitespace collapsed, as one hash."""
+    try:
+        text = " ".join(repr((args, dict(kwargs)))[:8192].split())
+    except Exception:
+        return hash((id(args), id(kwargs)))
+    return hash(text.encode("utf-8", "surrogatepass").translate(None, _DIGITS))
+
+
+_NUMBER = re.compile(r"\d+")
+# a number that moves a window: an end of a range ("400,449p", "10:20", "5-9") or one
+# that follows a word naming a position ("offset=50", "--page 3", "head -n 40", "+120")
+_RANGE_END = re.compile(r"\d+\s*[,:-]\s*$")
+_RANGE_START = re.compile(r"^\s*[,:-]\s*\d")
+_POSITION = re.compile(
+    r"(?:page|offset|start|skip|limit|cursor|from|after|before|lines?|rows?|-n|-c|\+)[\s=:'\"]*$", re.IGNORECASE
+)
+
+
+def walks(before: str, after: str) -> bool:
+    """Whether two argument texts that differ only in numbers differ only in numbers
+    that walk (a range or a position moves) -- ``sed -n '400,449p' f`` then ``'450,499p'``
+    -- rather than in ones that name another thing (``file2.py``, ``user 17``)."""
+    old, new = list(_NUMBER.finditer(before)), list(_NUMBER.finditer(after))
+    if len(old) != len(new):
+        return False
+    moved = False
+    for a, b in zip(old, new, strict=True):
+        if a.group() == b.group():
+            continue
+        moved = True
+        head, tail = after[max(0, b.start() - 16) : b.start()], after[b.end() : b.end() + 4]
+        if not (_RANGE_END.search(head) or _RANGE_START.search(tail) or _POSITION.search(head)):
+            return False
+    return moved

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from loop_governor import budget, checkpointing, report
 from loop_governor.breaker import ADMIT, Admission, Breaker, BreakerPolicy, BreakerState
-from loop_governor.call import MODEL, TOOL, Call, ModelOptions
+from loop_governor.call import MODEL, TOOL, Call, ModelOptions, PassThrough
 from loop_governor.chain import Chain
 from loop_governor.checkpointing import Checkpointing, RunStop
 from loop_governor.classify import ErrorInfo, Rule
@@ -41,7 +41,8 @@ from loop_governor.ratelimit import RateLimit
 from loop_governor.repeats import RepeatedErrors
 from loop_governor.report import Report
 from loop_governor.runtime import Runtime
-from loop_governor.scope import _SCOPE, TaskScope, call_key
+from loop_governor.scope import TaskScope, call_key
+from loop_governor.scope_vars import _SCOPE
 from loop_governor.stores import Store, store_from_url
 from loop_governor.usage import Usage
 
@@ -126,10 +127,15 @@ class Governor:
             # The hot path: a healthy tool outside a task is one breaker read and the call.
             admission = rt.store.breaker_admit(tool, rt.clock, policy.breaker)[0]
             if admission is ADMIT:
+                first: Exception | PassThrough
                 try:
                     return fn(*args, **kwargs)
                 except Exception as exc:
                     first = exc
+                except PassThrough as passed:
+                    first = passed
+                if isinstance(first, PassThrough):
+                    raise first.exc  # not the call's failure: as it came (outside the except block)
                 call = Call(TOOL, tool, policy, None, fn, args, kwargs)
                 call.attempt, call.admission = 1, ADMIT
                 return self._chain.run(call, first)  # type: ignore[no-any-return]

@@ -15,6 +15,7 @@ identical call with the identical result.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -105,10 +106,11 @@ class ProgressGuard:
         result: str | Fingerprint | None,
         then: int | None = None,
         args: Any = None,
-        signature: tuple[int, int] | None = None,
+        signature: tuple[int, int] | Callable[[], tuple[int, int]] | None = None,
     ) -> Verdict:
         """Feed one successful tool result (the arguments it answered, and their
-        :func:`~loop_governor.fingerprint.args_signature`); returns what to do about it."""
+        :func:`~loop_governor.fingerprint.args_signature`, or a function computing it: it is
+        needed only when a result repeats); returns what to do about it."""
         if result is None:
             return OK
         fp = result if isinstance(result, Fingerprint) else Fingerprint(result)
@@ -138,14 +140,23 @@ _NUMBER = re.compile(r"\d+")
 class _Seen:
     """One tool's latest result, with what is needed to compare the next one to it."""
 
-    __slots__ = ("_numbers", "args", "fp", "signature", "streak")
+    __slots__ = ("_numbers", "_signature", "args", "fp", "streak")
 
-    def __init__(self, fp: Fingerprint, args: Any, signature: tuple[int, int] | None) -> None:
+    def __init__(
+        self, fp: Fingerprint, args: Any, signature: tuple[int, int] | Callable[[], tuple[int, int]] | None
+    ) -> None:
         self.fp = fp
         self.args = args
-        self.signature = signature
+        self._signature = signature
         self.streak = 1
         self._numbers: frozenset[str] | None = None
+
+    @property
+    def signature(self) -> tuple[int, int] | None:
+        sig = self._signature
+        if callable(sig):
+            sig = self._signature = sig()
+        return sig
 
     def numbers(self) -> frozenset[str]:
         """The numbers the call's arguments carry (computed once, when first asked)."""
@@ -188,13 +199,15 @@ class NoProgress(Policy):
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
         assert scope is not None
+        if call.same_decision:
+            return result  # a retrying middleware re-ran the same tool call
         tool = call.name
         verdict = scope.progress.observe(
             tool,
             call.fingerprint(result),
             call.policy.escalation_repeats,
             (call.args, call.kwargs),
-            call.args_signature,
+            lambda: call.args_signature,
         )
         if verdict is OK:
             return result

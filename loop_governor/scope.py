@@ -10,20 +10,17 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from contextvars import ContextVar, Token
+from contextvars import Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.keys import call_key
 from loop_governor.progress import ProgressGuard
+from loop_governor.scope_vars import _SCOPE
 
 if TYPE_CHECKING:
     from loop_governor.checkpoint import TaskCheckpoint
     from loop_governor.governor import Governor
-
-_SCOPE: ContextVar[TaskScope | None] = ContextVar("loop_governor_task", default=None)
-# Framework facts about the call in flight (e.g. LangChain's tool_call_id) for its events.
-_CALL_META: ContextVar[dict[str, Any] | None] = ContextVar("loop_governor_call_meta", default=None)
 
 __all__ = ["TaskScope", "call_key"]
 
@@ -33,6 +30,7 @@ class TaskScope:
 
     __slots__ = (
         "_token",
+        "bad_calls",
         "calls_by_tool",
         "checkpoint",
         "checkpoint_lock",
@@ -40,6 +38,7 @@ class TaskScope:
         "cycles",
         "governor",
         "known_bad",
+        "last_invocation",
         "model_calls",
         "progress",
         "results",
@@ -73,8 +72,11 @@ class TaskScope:
             config.no_progress_threshold, config.trivial_result_chars, config.escalation_repeats
         )
         self.cycles: Any = None  # cycles.CycleTracker, made on first use
-        # escalation: what the model was told not to repeat -> repeats since
-        self.told: dict[tuple[str, str], int] = {}
+        # escalation: what the model was told not to repeat -> (repeats since, the last
+        # tool call id counted)
+        self.told: dict[tuple[str, str], tuple[int, Any]] = {}
+        self.last_invocation: Any = None  # the tool call id of the task's last governed tool call
+        self.bad_calls: Any = None  # known_bad.BadCalls, made at the task's first permanent failure
         self._token: Token[TaskScope | None] | None = None
 
     # Both context-manager protocols: ``with g.task(...)`` and ``async with g.task(...)``.

@@ -197,3 +197,66 @@ def test_max_steps_counts_iterations_not_calls(clock: VirtualClock) -> None:
             gov.call("search", lambda q: f"r{q}", turn)  # ... and the tool calls it asked for
             gov.call("open", lambda q: f"p{q}", turn)
     assert scope.model_calls == 2 and scope.tool_calls == 4 and scope.steps == 2
+
+
+# -- tools with state (a shell): a success with other arguments starts over ---------------------
+
+
+def test_a_success_of_the_same_tool_retires_its_known_bad_calls(gov: lg.Governor) -> None:
+    """A coding agent re-runs its reproduction script after an edit: it may pass now."""
+    state = {"fixed": False}
+
+    def bash(command: str) -> str:
+        if command == "python reproduce.py" and not state["fixed"]:
+            raise HTTPError(400, "AssertionError: expected 3, got 2")
+        if command.startswith("sed -i"):
+            state["fixed"] = True
+        return "ok"
+
+    with gov.task("t"):
+        with pytest.raises(lg.PermanentError):
+            gov.call("bash", bash, "python reproduce.py")
+        assert gov.call("bash", bash, "sed -i 's/2/3/' calc.py") == "ok"
+        assert gov.call("bash", bash, "python reproduce.py") == "ok"  # ran again, and passes now
+
+
+def test_a_stateless_tool_keeps_its_known_bad_calls(clock: VirtualClock) -> None:
+    gov = lg.Governor(lg.GovernorConfig(tools={"fetch": lg.ToolPolicy(stateless=True)}), clock=clock, sleep=clock.sleep)
+    backend = Backend(HTTPError(404, "gone"))
+    with gov.task("t"):
+        with pytest.raises(lg.PermanentError):
+            gov.call("fetch", backend, "/gone")
+        gov.call("fetch", lambda url: "page", "/other")
+        with pytest.raises(lg.PermanentError):
+            gov.call("fetch", backend, "/gone")
+    assert backend.calls == 1
+
+
+def test_failures_alike_from_different_commands_are_not_one_loop(gov: lg.Governor) -> None:
+    """A shell's commands fail with one signature ("Traceback ...", an empty output): that
+    is not the model repeating itself; the same command but for a number is."""
+
+    def bash(command: str) -> str:
+        raise HTTPError(400, "Traceback (most recent call last):\n  File x\nValueError: bad")
+
+    with gov.task("t"):
+        for command in ("python a.py", "python -m pytest b", "python c.py --fast", "python d.py", "pytest e"):
+            with pytest.raises(lg.AgentToolError) as err:
+                gov.call("bash", bash, command)
+            assert not isinstance(err.value, lg.FatalError)
+
+
+def test_a_line_range_walking_through_a_file_with_the_same_answer_is_no_progress(gov: lg.Governor) -> None:
+    commands = []
+    with gov.task("t"), pytest.raises(lg.NoProgressError) as stop:
+        for start in range(400, 2000, 50):
+            commands.append(start)
+            gov.call("bash", lambda c: "", f"sed -n '{start},{start + 49}p' models.py")
+    assert len(commands) == 5 and stop.value.info.code == "cycle"
+
+
+def test_a_batch_over_numbered_items_is_progress(gov: lg.Governor) -> None:
+    with gov.task("t"):
+        for i in range(30):
+            assert gov.call("send_email", lambda to: "sent", f"user{i}@example.com") == "sent"
+            gov.call("bash", lambda c: "", f"sed -i 's/a/b/' src/module{i}.py")

@@ -16,7 +16,17 @@ crewAI is imported (no telemetry, no tracing, no network, no key).
   ``max_iter=60`` like the baseline.
 
 The model is a native function-calling ``BaseLLM`` whose moves come from
-:mod:`loop_governor.bench.policy`; its latency is slept on the world's virtual clock.
+:mod:`loop_governor.bench.policy`: each call is a request to the world's provider behind
+the simulated SDK retry loop (``max_retries=2``, as crewAI's native OpenAI LLM has it),
+with its latency slept on the world's virtual clock. Around every LLM class's ``call``
+crewAI wraps its own rate-limit retry (3 attempts, 1 s / 2 s or ``retry-after``, ±20 %),
+and an agent whose LLM call fails is re-executed up to ``max_retry_limit`` (2) times:
+that is crewAI's built-in model retry, in the baseline and builtins arms alike (it cannot
+be switched off). The governed arm's LLM is the adapter's copy: SDK retries off, crewAI's
+wrapper bypassed, the governor retrying. crewAI's retry sleeps with ``time.sleep`` and
+draws jitter from the global ``random`` module, bound as default arguments: ``world()``
+swaps the two module functions for ones that sleep on the virtual clock and draw from a
+seeded generator.
 """
 
 from __future__ import annotations
@@ -33,21 +43,29 @@ for _name, _value in (
 
 import contextlib  # noqa: E402 - the environment above must be set before crewai loads
 import contextvars  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import random  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from typing import Any  # noqa: E402
+from unittest import mock  # noqa: E402
 
 from crewai import Agent, Crew, Task  # noqa: E402
+from crewai.llms import base_llm as crew_base_llm  # noqa: E402
+from crewai.llms import retry as crew_retry  # noqa: E402
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from crewai.tools import BaseTool  # noqa: E402
 from crewai.tools.tool_failure import ToolFailure, ToolFailureReason  # noqa: E402
 from pydantic import BaseModel, PrivateAttr  # noqa: E402
 
 from crewai_governor import govern_tools, install  # noqa: E402
+from loop_governor.bench.determinism import unit_hash  # noqa: E402
 from loop_governor.bench.harness import World  # noqa: E402
 from loop_governor.bench.policy import Answer, decide, model_latency  # noqa: E402
+from loop_governor.bench.provider import COMPLETION_TOKENS, SDK_MAX_RETRIES, sdk_request  # noqa: E402
 from loop_governor.bench.world import ServiceError, TaskSpec  # noqa: E402
+from loop_governor.context.tokens import approx_tokens  # noqa: E402
 
 # BaseLLM warns on every call of a model without a native token counter.
 logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
@@ -58,6 +76,7 @@ MAX_ITER = {"baseline": 60, "builtins": 40, "governed": 60}
 class PolicyLLM(BaseLLM):
     """A crewAI LLM with native tool calls whose moves come from the benchmark policy."""
 
+    max_retries: int = SDK_MAX_RETRIES
     _spec: Any = PrivateAttr(default=None)
     _world: Any = PrivateAttr(default=None)
 
@@ -87,9 +106,18 @@ class PolicyLLM(BaseLLM):
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         turn = sum(1 for m in messages if m.get("role") == "assistant")
-        world.clock.sleep(model_latency(world.seed, spec.task_id, turn, len(messages)))
+        tokens = sum(approx_tokens(m) for m in messages)
+        latency = model_latency(world.seed, spec.task_id, turn, len(messages))
+        sdk_request(world.provider, tokens, latency, max_retries=self.max_retries)
+        self._track_token_usage_internal(
+            {
+                "prompt_tokens": tokens,
+                "completion_tokens": COMPLETION_TOKENS,
+                "total_tokens": tokens + COMPLETION_TOKENS,
+            }
+        )
         results = [str(m.get("content") or "") for m in messages if m.get("role") == "tool"]
-        move = decide(spec, results, tools_offered=bool(tools))
+        move = decide(spec, results, world.behaviour, world.seed, tools_offered=bool(tools))
         if isinstance(move, Answer):
             return move.text
         return [
@@ -140,7 +168,21 @@ class CrewAIRunner:
 
     @contextlib.contextmanager
     def world(self, arm: str, world: World) -> Iterator[None]:
-        yield
+        rng = random.Random(unit_hash(world.seed, world.name, arm, "crewai-llm-retry"))
+        run_with_retry = crew_retry.run_with_rate_limit_retry
+        with (
+            mock.patch.object(
+                crew_base_llm,
+                "run_with_rate_limit_retry",
+                lambda operation: run_with_retry(operation, sleep=world.clock.sleep),
+            ),
+            mock.patch.object(
+                crew_retry,
+                "get_retry_delay_seconds",
+                functools.partial(crew_retry.get_retry_delay_seconds, random_value=rng.random),
+            ),
+        ):
+            yield
 
     def run(self, arm: str, spec: TaskSpec, world: World, attempt: int) -> str:
         tools = make_tools(spec, world, as_failure=arm == "builtins")

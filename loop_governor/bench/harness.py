@@ -13,15 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loop_governor.bench.clock import DeadlineExceeded, VirtualClock, participant
+from loop_governor.bench.determinism import CURRENT_TASK, unit_hash
+from loop_governor.bench.policy import OBEDIENT, Behaviour
+from loop_governor.bench.provider import Provider
 from loop_governor.bench.world import (
-    CURRENT_TASK,
     RESTART_DELAY_S,
     TASK_DEADLINE_S,
     Downstream,
     Scenario,
     SimulatedCrash,
     TaskSpec,
-    unit_hash,
 )
 from loop_governor.checkpoint import MemoryCheckpointStore
 from loop_governor.config import GovernorConfig
@@ -43,6 +44,10 @@ class TaskOutcome:
     delivered: int
     required: int
     restarts: int
+    policy: str = "obedient"
+    model_calls: int = 0
+    failed_model_calls: int = 0
+    prompt_tokens: int = 0
     peak_concurrency: int = 0
     peak_retry_rate_per_s: int = 0
 
@@ -56,6 +61,9 @@ class World:
     clock: VirtualClock
     downstream: Downstream
     rng: random.Random
+    provider: Provider
+    behaviour: Behaviour = OBEDIENT
+    config: GovernorConfig = field(default_factory=GovernorConfig)
     checkpoints: MemoryCheckpointStore = field(default_factory=MemoryCheckpointStore)
     governor: Governor | None = None
 
@@ -66,7 +74,7 @@ class World:
         checkpoint store is the durable part (a file or SQLite store in production).
         """
         self.governor = Governor(
-            GovernorConfig(),
+            self.config,
             clock=self.clock,
             sleep=self.clock.sleep,
             asleep=self.clock.asleep,
@@ -127,6 +135,7 @@ def _run_task(
     if reason == "ok" and missing:
         reason = "incomplete"
     calls = sum(1 for r in world.downstream.requests if r.task == spec.task_id)
+    model = [r for r in world.provider.requests if r.task == spec.task_id]
     return TaskOutcome(
         task_id=spec.task_id,
         scenario=spec.scenario,
@@ -139,16 +148,32 @@ def _run_task(
         delivered=len(set(delivered)),
         required=len(required),
         restarts=restarts,
+        policy=world.behaviour.name,
+        model_calls=len(model),
+        failed_model_calls=sum(1 for r in model if not r.ok),
+        # billed tokens: the prompts of the requests the provider answered
+        prompt_tokens=sum(r.prompt_tokens for r in model if r.ok),
     )
 
 
 def run_world(
-    runner: Runner, arm: str, scenario: Scenario, seed: int, run_index: int, delivered_of: Callable[[str], list[str]]
+    runner: Runner,
+    arm: str,
+    scenario: Scenario,
+    seed: int,
+    run_index: int,
+    delivered_of: Callable[[str], list[str]],
+    behaviour: Behaviour = OBEDIENT,
+    config: GovernorConfig | None = None,
 ) -> list[TaskOutcome]:
+    """Run one world of ``scenario``; ``config`` is the governed arm's (the bench uses the
+    defaults everywhere; ``benchmarks/provider_fault_settings.py`` tries others)."""
     name = f"{scenario.name}-r{run_index}"
     clock = VirtualClock(0.0)
     downstream = Downstream(clock, seed, name, scenario.faults(), dict(scenario.capacity))
-    world = World(seed, name, clock, downstream, random.Random(int(unit_hash(seed, name, arm) * 2**32)))
+    provider = Provider(clock, seed, name, scenario.model_fault() if scenario.model_fault is not None else None)
+    rng = random.Random(int(unit_hash(seed, name, arm) * 2**32))
+    world = World(seed, name, clock, downstream, rng, provider, behaviour, config or GovernorConfig())
     world.checkpoints = MemoryCheckpointStore(clock=clock)
     if arm == "governed":
         world.new_governor()

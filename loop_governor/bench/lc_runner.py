@@ -12,16 +12,25 @@ loop_governor`` never loads it).
   docstring recommends) that returns ``"<ExcType>: <message>"``, and
   ``ToolCallLimitMiddleware(run_limit=40, exit_behavior="end")``: 40 calls fit the
   longest plan (30 items) with room for retries; "end" stops a runaway loop instead of
-  feeding it more error messages.
+  feeding it more error messages. For the model call, ``ModelRetryMiddleware`` at its
+  defaults (2 retries of retryable model errors, 1 s, x2, ±25 %, ``on_failure="continue"``:
+  the run ends with an AI message stating the error).
 * ``governed`` -- ``GovernorMiddleware`` plus ``govern_tools`` (the wrapped tools'
   results are plain strings, so the governor can checkpoint them and a restarted task
-  resumes; the middleware then only scopes the task and counts model steps).
+  resumes); the middleware governs every model call.
 
-Virtual time: ``ToolRetryMiddleware`` sleeps with ``time.sleep`` from its own module and
-draws jitter from the global ``random`` module in ``langchain.agents.middleware._retry``;
-it takes no sleep or random argument. For the length of a world, ``world()`` swaps those
-two module attributes (``tool_retry.time`` and ``_retry.random``) for the world's virtual
-clock and a seeded ``random.Random`` (``unittest.mock.patch.object``), and restores them.
+The model (:class:`PolicyChatModel`) is a request to the world's provider behind the
+simulated SDK retry loop (``max_retries=2``, as a ChatOpenAI user has it); it raises the
+provider's errors as langchain-openai does, as classes that are both the provider error
+and LangChain's ``ModelRateLimitError`` / ``ModelAPIError`` (``is_retryable``). The
+governed arm calls the adapter's copy of it, with ``max_retries=0``.
+
+Virtual time: ``ToolRetryMiddleware`` and ``ModelRetryMiddleware`` sleep with
+``time.sleep`` from their own modules and draw jitter from the global ``random`` module
+in ``langchain.agents.middleware._retry``; they take no sleep or random argument. For the
+length of a world, ``world()`` swaps those module attributes (``tool_retry.time``,
+``model_retry.time`` and ``_retry.random``) for the world's virtual clock and a seeded
+``random.Random`` (``unittest.mock.patch.object``), and restores them.
 """
 
 from __future__ import annotations
@@ -36,12 +45,15 @@ from unittest import mock
 from langchain.agents import create_agent
 from langchain.agents.middleware import (
     AgentMiddleware,
+    ModelRetryMiddleware,
     ToolCallLimitMiddleware,
     ToolErrorMiddleware,
     ToolRetryMiddleware,
 )
 from langchain.agents.middleware import _retry as lc_retry
+from langchain.agents.middleware import model_retry as lc_model_retry
 from langchain.agents.middleware import tool_retry as lc_tool_retry
+from langchain_core.exceptions import ModelAPIError, ModelRateLimitError
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -50,9 +62,40 @@ from langchain_core.tools import BaseTool, StructuredTool
 from langchain_governor import GovernorMiddleware, govern_tools
 from loop_governor.bench.harness import World
 from loop_governor.bench.policy import Answer, decide, model_latency
+from loop_governor.bench.provider import (
+    COMPLETION_TOKENS,
+    SDK_MAX_RETRIES,
+    InternalServerError,
+    ProviderError,
+    RateLimitError,
+    sdk_request,
+)
 from loop_governor.bench.world import TaskSpec
+from loop_governor.context.tokens import approx_tokens
 
 TOOL_CALL_RUN_LIMIT = 40
+
+
+class LCRateLimitError(RateLimitError, ModelRateLimitError):
+    """A 429 as langchain-openai raises it: the provider's error and LangChain's type."""
+
+
+class LCInternalServerError(InternalServerError, ModelAPIError):
+    """A 5xx as langchain-openai raises it."""
+
+
+def _as_langchain(exc: ProviderError) -> ProviderError:
+    cls: type[ProviderError] | None = None
+    if isinstance(exc, RateLimitError):
+        cls = LCRateLimitError
+    elif isinstance(exc, InternalServerError):
+        cls = LCInternalServerError
+    if cls is None:
+        return exc
+    twin = cls.__new__(cls, *exc.args)
+    twin.__dict__.update(exc.__dict__)
+    twin.args = exc.args
+    return twin
 
 
 class PolicyChatModel(BaseChatModel):
@@ -60,6 +103,8 @@ class PolicyChatModel(BaseChatModel):
 
     spec: Any
     world: Any
+    model_name: str = "bench-model"
+    max_retries: int = SDK_MAX_RETRIES
 
     @property
     def _llm_type(self) -> str:
@@ -74,14 +119,24 @@ class PolicyChatModel(BaseChatModel):
         spec: TaskSpec = self.spec
         world: World = self.world
         turn = sum(1 for m in messages if isinstance(m, AIMessage))
-        world.clock.sleep(model_latency(world.seed, spec.task_id, turn, len(messages)))
+        tokens = sum(approx_tokens(m) for m in messages)
+        latency = model_latency(world.seed, spec.task_id, turn, len(messages))
+        try:
+            sdk_request(world.provider, tokens, latency, max_retries=self.max_retries)
+        except ProviderError as exc:
+            raise _as_langchain(exc) from None
         results = [m.text for m in messages if isinstance(m, ToolMessage)]
-        move = decide(spec, results)
+        move = decide(spec, results, world.behaviour, world.seed)
+        usage: Any = {
+            "input_tokens": tokens,
+            "output_tokens": COMPLETION_TOKENS,
+            "total_tokens": tokens + COMPLETION_TOKENS,
+        }
         if isinstance(move, Answer):
-            reply = AIMessage(content=move.text)
+            reply = AIMessage(content=move.text, usage_metadata=usage)
         else:
             call = {"name": move.tool, "args": move.kwargs, "id": f"call_{turn}", "type": "tool_call"}
-            reply = AIMessage(content="", tool_calls=[call])
+            reply = AIMessage(content="", tool_calls=[call], usage_metadata=usage)
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
@@ -126,6 +181,7 @@ class LangChainRunner:
         rng = random.Random(world.rng.random())
         with (
             mock.patch.object(lc_tool_retry, "time", SimpleNamespace(sleep=world.clock.sleep)),
+            mock.patch.object(lc_model_retry, "time", SimpleNamespace(sleep=world.clock.sleep)),
             mock.patch.object(lc_retry, "random", rng),
         ):
             yield
@@ -141,6 +197,7 @@ class LangChainRunner:
                 ToolCallLimitMiddleware(run_limit=TOOL_CALL_RUN_LIMIT, exit_behavior="end"),
                 ToolErrorMiddleware(_error_text),
                 ToolRetryMiddleware(on_failure="error"),
+                ModelRetryMiddleware(),
             ]
         else:
             governor = world.governor

@@ -47,10 +47,119 @@ def _seed_cell(column: dict[str, Any], key: str, fmt: Any) -> str:
     return value if isinstance(value, str) else (fmt(value) if fmt is not None else str(value))
 
 
+_POLICY_ROWS: tuple[tuple[str, str, Any], ...] = (
+    ("tool calls per task", "tool_calls_per_task", lambda v: f"{v:.1f}"),
+    ("model calls per task", "model_calls_per_task", lambda v: f"{v:.1f}"),
+    ("prompt tokens per task", "prompt_tokens_per_task", lambda v: f"{v:,.0f}"),
+    ("mean task duration", "mean_duration_s", _minutes),
+    ("failed tasks", "failed_tasks", None),
+    ("sub-results kept on failure", "subtasks_delivered_on_failure", lambda v: f"{v:.1f}"),
+)
+_COMPARED = {"tool_calls_per_task", "model_calls_per_task", "prompt_tokens_per_task", "failed_tasks"}
+
+
+def _governed_cell(arms: dict[str, Any], key: str, fmt: Any) -> str:
+    """The governed figure, red where another arm did better on a compared metric."""
+    text = _cell(arms["governed"], key, fmt)
+    if key not in _COMPARED:
+        return text
+    metric = "failure_rate" if key == "failed_tasks" else key
+    worse = arms["governed"][metric] > min(arms["baseline"][metric], arms["builtins"][metric])
+    return f"[red]{text}[/red]" if worse else f"[green]{text}[/green]"
+
+
+def _policy_rows(arms: dict[str, Any], scope: str) -> list[tuple[str, list[str]]]:
+    """The rows of one policy (and framework): each metric per arm, then the failure rate
+    of the seed's incidents (tool faults) and of the provider faults apart."""
+    rows = [
+        (label, [_cell(arms["baseline"], key, fmt), _cell(arms["builtins"], key, fmt), _governed_cell(arms, key, fmt)])
+        for label, key, fmt in _POLICY_ROWS
+    ]
+    for fault, label in (("tool", "failed: tool-fault scenarios"), ("provider", "failed: provider-fault scenarios")):
+        part = arms["by_fault"][fault][scope]
+        rows.append(
+            (
+                label,
+                [_cell(part[a], "failed_tasks", None) for a in ARMS[:2]] + [_governed_cell(part, "failed_tasks", None)],
+            )
+        )
+    return rows
+
+
+def print_policies(result: dict[str, Any], console: Console) -> None:
+    """Per model policy: every scenario (provider faults included), both frameworks, then each."""
+    policies = result.get("model_policies", {})
+    if not policies:
+        return
+    scenarios = len(next(iter(policies.values()))["per_scenario"])
+    table = Table(
+        title=f"by model policy: all {scenarios} scenarios, {' + '.join(result['frameworks'])} "
+        "(red: another arm did better)",
+    )
+    table.add_column("policy")
+    table.add_column("metric")
+    for arm in ARMS:
+        table.add_column(arm, justify="right")
+    for name in result["model_policies_run"]:
+        for label, cells in _policy_rows(policies[name], "all"):
+            table.add_row(name, label, *cells)
+        table.add_section()
+    console.print(table)
+    for framework in result["frameworks"] if len(result["frameworks"]) > 1 else ():
+        per = Table(title=f"by model policy: {framework}")
+        per.add_column("policy")
+        per.add_column("metric")
+        for arm in ARMS:
+            per.add_column(arm, justify="right")
+        for name in result["model_policies_run"]:
+            arms = {**policies[name]["per_framework"][framework], "by_fault": policies[name]["by_fault"]}
+            for label, cells in _policy_rows(arms, framework):
+                per.add_row(name, label, *cells)
+            per.add_section()
+        console.print(per)
+    losses = Table(title="where governance does not win: the governed arm above the better other arm")
+    for column in ("policy", "framework", "scenario", "metric", "governed", "better arm"):
+        losses.add_column(column, justify="right" if column in ("governed", "better arm") else "left")
+    for name in result["model_policies_run"]:
+        for loss in policies[name]["governed_not_best"]:
+            other = "baseline" if "baseline" in loss else "builtins"
+            losses.add_row(
+                name,
+                loss["framework"],
+                loss["scenario"],
+                loss["metric"],
+                f"{loss['governed']:g}",
+                f"{other} {loss[other]:g}",
+            )
+    console.print(losses)
+
+
+def print_jitter(result: dict[str, Any], console: Console) -> None:
+    ablation = result.get("jitter_ablation")
+    if not ablation:
+        return
+    table = Table(
+        title=f"jitter ablation: {ablation['tasks']} tasks fail at the same instant, governed retries, "
+        f"{ablation['runs']} worlds",
+        caption="peak concurrent retries at the service: mean (max) over worlds",
+    )
+    for column in ("setting", "error latency", "retry_jitter=0.5", "retry_jitter=0", "mean peak cut"):
+        table.add_column(column, justify="left" if column == "setting" else "right")
+    for name in ("fast_errors", "default_breaker", "slow_errors"):
+        row = ablation[name]
+        cells = [
+            f"{row[k]['mean_peak_concurrent_retries']:g} ({row[k]['peak_concurrent_retries']})"
+            for k in ("with_jitter", "without_jitter")
+        ]
+        table.add_row(name, f"{row['error_latency_s']:g} s", *cells, f"{row['mean_peak_reduction']:.0%}")
+    console.print(table)
+
+
 def print_table(result: dict[str, Any], console: Console) -> None:
     table = Table(
         title=f"loop-governor bench: seed {result['seed']}, {result['runs']} run(s), "
-        f"frameworks: {', '.join(result['frameworks'])}",
+        f"frameworks: {', '.join(result['frameworks'])}; the seed's incidents, "
+        f"{result.get('headline_policy', 'obedient')} model",
         caption=result["note"],
     )
     table.add_column("metric")
@@ -76,6 +185,8 @@ def print_table(result: dict[str, Any], console: Console) -> None:
         for label, key, fmt in _PER_FRAMEWORK_ROWS:
             per.add_row(framework, label, *(_cell(arms[arm], key, fmt) for arm in ARMS))
     console.print(per)
+    print_policies(result, console)
+    print_jitter(result, console)
 
 
 # -- HTML --------------------------------------------------------------------------------
@@ -155,6 +266,50 @@ def html_report(result: dict[str, Any]) -> str:
         for label, key, fmt in _ROWS
     )
     settings = html.escape(_pretty(result["settings"]))
+    policies = result.get("model_policies", {})
+    order = [p for p in result.get("model_policies_run", []) if p in policies]
+
+    def by_policy(key: str, scale: float = 1.0) -> list[tuple[str, dict[str, float]]]:
+        return [(p, {arm: policies[p][arm][key] * scale for arm in ARMS}) for p in order]
+
+    if order:
+        charts += [
+            _bar_chart("Tool calls per task, by model policy (all scenarios)", by_policy("tool_calls_per_task")),
+            _bar_chart("Model calls per task, by model policy (all scenarios)", by_policy("model_calls_per_task")),
+            _bar_chart("Failed tasks (%), by model policy (all scenarios)", by_policy("failure_rate", 100.0), "%"),
+        ]
+    losses = "".join(
+        "<tr>"
+        + "".join(f"<td>{html.escape(str(v))}</td>" for v in (p, loss["framework"], loss["scenario"], loss["metric"]))
+        + f"<td>{loss['governed']:g}</td>"
+        + "".join(f"<td>{html.escape(a)} {loss[a]:g}</td>" for a in ("baseline", "builtins") if a in loss)
+        + "</tr>"
+        for p in order
+        for loss in policies[p]["governed_not_best"]
+    )
+    ablation = result.get("jitter_ablation") or {}
+    jitter_rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{row['error_latency_s']:g} s</td>"
+        + "".join(
+            f"<td>{row[k]['mean_peak_concurrent_retries']:g} ({row[k]['peak_concurrent_retries']})</td>"
+            for k in ("with_jitter", "without_jitter")
+        )
+        + f"<td>{row['mean_peak_reduction']:.0%}</td></tr>"
+        for name, row in ablation.items()
+        if isinstance(row, dict) and "mean_peak_reduction" in row
+    )
+    extra = ""
+    if losses:
+        extra += (
+            "<h2>Where governance does not win</h2><table><tr><th>policy</th><th>framework</th><th>scenario</th>"
+            f"<th>metric</th><th>governed</th><th>better arm</th></tr>{losses}</table>"
+        )
+    if jitter_rows:
+        extra += (
+            "<h2>Jitter ablation: peak concurrent retries, mean (max) over worlds</h2><table><tr><th>setting</th>"
+            "<th>error latency</th><th>retry_jitter=0.5</th><th>retry_jitter=0</th><th>mean peak cut</th></tr>"
+            f"{jitter_rows}</table>"
+        )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>loop-governor bench</title>"
         "<style>body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse}"
@@ -166,6 +321,7 @@ def html_report(result: dict[str, Any]) -> str:
         + "".join(f"<th>{arm}</th>" for arm in ARMS)
         + f"</tr>{rows}</table>"
         + "".join(charts)
+        + extra
         + f"<h2>Settings (identical faults and model policy for every arm)</h2><pre>{settings}</pre>"
         "</body></html>"
     )

@@ -4,15 +4,17 @@ Everything here is a function of the seed and of *virtual* time, never of which 
 runs: a search index that answers 429 for 40 minutes does so for the baseline, the
 built-ins and the governed agent alike. Randomness ("flaky" services, model latency)
 is a hash of (seed, world, tool, time slot) or (seed, task, turn), so the same seed
-gives the same faults whatever the agent does in between.
+gives the same faults whatever the agent does in between. The exceptions are limits
+that answer to load, as real ones do: a service's capacity (requests in flight) and
+the API key's request limit (:mod:`loop_governor.bench.provider`).
 
-The scenarios are the incidents the seeds describe (see ``SCENARIOS``).
+The scenarios are the incidents the seeds describe, plus faults of the model call
+itself (see ``SCENARIOS``).
 """
 
 from __future__ import annotations
 
-import contextvars
-import hashlib
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +23,8 @@ from typing import Any
 from pydantic import BaseModel, create_model
 
 from loop_governor.bench.clock import VirtualClock
+from loop_governor.bench.determinism import CURRENT_TASK, unit_hash
+from loop_governor.bench.provider import ModelFault, key_rate_limit, overloaded_burst, quota_after
 
 # -- world constants (documented in the README of this package and printed by --json) --
 TOOL_LATENCY_S = 1.5  # one downstream request, success or fast error
@@ -31,8 +35,7 @@ TASK_DEADLINE_S = 45 * 60.0  # a task still running after 45 virtual minutes is 
 RESTART_DELAY_S = 60.0  # a crashed worker is restarted once, after this long
 RESULT_PREFIX = "RESULT "  # what a successful tool answer starts with
 
-CURRENT_TASK: contextvars.ContextVar[str] = contextvars.ContextVar("lg_bench_task", default="-")
-"""The benchmark task issuing a request (requests are attributed per task)."""
+VARIANT_MARK = " ~v"  # a model's "changed arguments" retry: same request, different text
 
 
 class ServiceError(Exception):
@@ -52,12 +55,6 @@ class SimulatedCrash(BaseException):
     """
 
 
-def unit_hash(*parts: object) -> float:
-    """A deterministic number in [0, 1) from ``parts`` (stable across processes, unlike hash())."""
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
 # -- the plan a task follows ------------------------------------------------------------
 
 
@@ -75,6 +72,32 @@ class Option:
 
 def opt(tool: str, **kwargs: Any) -> Option:
     return Option(tool, tuple(sorted(kwargs.items())))
+
+
+def varied(option: Option, n: int) -> Option:
+    """``option`` with its arguments changed for the ``n``-th time, in a way that fixes
+    nothing: its first text argument gets a suffix the services ignore (``canonical``).
+
+    A model that retries "with changed arguments" rarely finds the fix the plan does not
+    list; the services treat the variant as the same request, while the governor sees a
+    new call (a different key), as it would with a real model's rewording. Options with
+    no text argument cannot vary: the retry is the identical call.
+    """
+    if n <= 0:
+        return option
+    for i, (key, value) in enumerate(option.args):
+        if isinstance(value, str):
+            args = (*option.args[:i], (key, f"{value}{VARIANT_MARK}{n}"), *option.args[i + 1 :])
+            return Option(option.tool, args)
+    return option
+
+
+_VARIANT = re.compile(re.escape(VARIANT_MARK) + r"\d+$")
+
+
+def canonical(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request a service sees: a varied argument is the argument it varies."""
+    return {k: _VARIANT.sub("", v) if isinstance(v, str) else v for k, v in kwargs.items()}
 
 
 @dataclass(frozen=True)
@@ -135,8 +158,10 @@ class Downstream:
     inflight: dict[str, int] = field(default_factory=dict)
     crashed: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    error_latency_s: float = TOOL_LATENCY_S  # how long a failing request takes to come back
 
     def call(self, tool: str, kwargs: dict[str, Any]) -> str:
+        kwargs = canonical(kwargs)
         start = self.clock()
         with self.lock:
             load = self.inflight.get(tool, 0) + 1
@@ -149,7 +174,7 @@ class Downstream:
             rule = self.faults.get(tool)
             fault = rule(self, tool, kwargs, start - self.started_at) if rule is not None else None
         try:
-            self.clock.sleep(TOOL_LATENCY_S)
+            self.clock.sleep(TOOL_LATENCY_S if fault is None else self.error_latency_s)
         finally:
             with self.lock:
                 self.inflight[tool] -= 1
@@ -161,19 +186,7 @@ class Downstream:
 
     def peak_concurrency(self, tool: str | None = None) -> int:
         """Most requests in flight at once (to ``tool``, or any single service)."""
-        peak = 0
-        tools = {tool} if tool is not None else {r.tool for r in self.requests}
-        for name in tools:
-            edges = sorted(
-                [(r.start, 1) for r in self.requests if r.tool == name]
-                + [(r.end, -1) for r in self.requests if r.tool == name],
-                key=lambda e: (e[0], e[1]),
-            )
-            level = 0
-            for _, delta in edges:
-                level += delta
-                peak = max(peak, level)
-        return peak
+        return _peak_in_flight([r for r in self.requests if tool is None or r.tool == tool])
 
     def peak_retry_rate(self, tool: str | None = None, window_s: float = 1.0) -> int:
         """Most retries to one service starting within ``window_s`` (see :func:`peak_retry_rate`)."""
@@ -181,23 +194,47 @@ class Downstream:
         return peak_retry_rate(requests, window_s)
 
 
-def peak_retry_rate(requests: list[Request], window_s: float = 1.0) -> int:
-    """The retry-storm metric: most *retries* reaching one service within any ``window_s``.
+def _peak_in_flight(requests: list[Request]) -> int:
+    """Most of ``requests`` in flight at once at one service (an end frees its slot
+    before a start at the same instant takes one)."""
+    peak = 0
+    for name in {r.tool for r in requests}:
+        edges = sorted(
+            [(r.start, 1) for r in requests if r.tool == name] + [(r.end, -1) for r in requests if r.tool == name]
+        )
+        level = 0
+        for _, delta in edges:
+            level += delta
+            peak = max(peak, level)
+    return peak
 
-    A request is a retry when the previous request of the same task to the same service
+
+def retries_of(requests: list[Request]) -> list[Request]:
+    """The requests that are retries: the same task's previous request to the same service
     failed (whoever re-sent it: the model, a framework's retry middleware or the
-    governor). First attempts never count, so the first wave of concurrent tasks, which
-    sets the peak concurrency, does not set this. The window slides (every
-    ``[t, t + window_s)``), so the figure does not depend on where 1-second buckets fall.
-    The result is the maximum over services: with the default window, retries per second.
-    """
+    governor). First attempts never are."""
     last_ok: dict[tuple[str, str], bool] = {}
-    retries: dict[str, list[float]] = {}
+    out: list[Request] = []
     for r in sorted(requests, key=lambda r: (r.start, r.end)):
         key = (r.task, r.tool)
         if last_ok.get(key) is False:
-            retries.setdefault(r.tool, []).append(r.start)
+            out.append(r)
         last_ok[key] = r.ok
+    return out
+
+
+def peak_retry_rate(requests: list[Request], window_s: float = 1.0) -> int:
+    """The retry-storm metric: most *retries* (:func:`retries_of`) reaching one service
+    within any ``window_s``.
+
+    First attempts never count, so the first wave of concurrent tasks, which sets the
+    peak concurrency, does not set this. The window slides (every ``[t, t + window_s)``),
+    so the figure does not depend on where 1-second buckets fall. The result is the
+    maximum over services: with the default window, retries per second.
+    """
+    retries: dict[str, list[float]] = {}
+    for r in retries_of(requests):
+        retries.setdefault(r.tool, []).append(r.start)
     peak = 0
     for starts in retries.values():
         first = 0
@@ -206,6 +243,12 @@ def peak_retry_rate(requests: list[Request], window_s: float = 1.0) -> int:
                 first += 1
             peak = max(peak, i - first + 1)
     return peak
+
+
+def peak_concurrent_retries(requests: list[Request]) -> int:
+    """Most retries (:func:`retries_of`) in flight at once at one service: the retry wave's
+    load on the service, which jitter is meant to flatten."""
+    return _peak_in_flight(retries_of(requests))
 
 
 # -- fault rules --------------------------------------------------------------------------
@@ -277,6 +320,12 @@ class Scenario:
     tasks: Callable[[str], list[TaskSpec]]
     faults: Callable[[], dict[str, Fault]]
     capacity: dict[str, int] = field(default_factory=dict)
+    model_fault: Callable[[], ModelFault] | None = None
+    """Faults of the model call itself (the provider); ``None``: the provider is healthy."""
+
+    @property
+    def provider_fault(self) -> bool:
+        return self.model_fault is not None
 
 
 def _rate_limited_tasks(prefix: str) -> list[TaskSpec]:
@@ -352,6 +401,24 @@ def _concurrent_tasks(prefix: str) -> list[TaskSpec]:
     return out
 
 
+def _provider_storm_tasks(prefix: str) -> list[TaskSpec]:
+    out = []
+    for n in range(5):
+        plan = tuple(SubTask(f"rate-{k}", (opt("fx_rates", pair=f"P{n}{k}"),)) for k in range(3))
+        out.append(TaskSpec(f"{prefix}-{n}", "provider_429_storm", f"Convert invoice batch {n}.", plan))
+    return out
+
+
+def _quota_tasks(prefix: str) -> list[TaskSpec]:
+    plan = tuple(SubTask(f"record-{i:02d}", (opt("enrich_record", record=f"rec-{i}"),)) for i in range(1, 11))
+    return [TaskSpec(f"{prefix}-0", "quota_exhausted_mid_task", "Enrich ten customer records.", plan)]
+
+
+def _overload_tasks(prefix: str) -> list[TaskSpec]:
+    plan = tuple(SubTask(f"section-{i}", (opt("docs_api", section=f"s{i}"),)) for i in range(1, 7))
+    return [TaskSpec(f"{prefix}-0", "provider_overloaded_529", "Summarize the six-section design doc.", plan)]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "rate_limited_search",
@@ -401,6 +468,28 @@ SCENARIOS: tuple[Scenario, ...] = (
         _concurrent_tasks,
         lambda: {"quote_service": flaky(0.10)},
         capacity={"quote_service": 2},
+    ),
+    # -- faults of the model call itself (healthy tools) --
+    Scenario(
+        "provider_429_storm",
+        "5 concurrent tasks on one API key limited to 12 requests/min (429 + retry-after)",
+        _provider_storm_tasks,
+        dict,
+        model_fault=lambda: key_rate_limit(rpm=12, burst=4),
+    ),
+    Scenario(
+        "quota_exhausted_mid_task",
+        "the key's quota runs out 90 s into a 10-step task (429 insufficient_quota)",
+        _quota_tasks,
+        dict,
+        model_fault=lambda: quota_after(90.0),
+    ),
+    Scenario(
+        "provider_overloaded_529",
+        "the provider is overloaded from 30 s to 120 s: 60% of 1-second slots answer 529",
+        _overload_tasks,
+        dict,
+        model_fault=lambda: overloaded_burst(30.0, 120.0, 0.6),
     ),
 )
 

@@ -1,19 +1,27 @@
-"""The benchmark's promises: the governed arm wins honestly, results are reproducible."""
+"""The benchmark's promises: the governed arm wins honestly, where it loses the README says
+why (and these tests pin the reason), results are reproducible."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
 
+from loop_governor.bench import policy
+from loop_governor.bench.harness import run_world
+from loop_governor.bench.lc_runner import LangChainRunner
 from loop_governor.bench.runner import run_bench
+from loop_governor.bench.world import SCENARIO_BY_NAME
 from loop_governor.cli import app
 
 ARMS = ("baseline", "builtins", "governed")
+POLICIES = ("obedient", "stubborn", "calibrated")
+PER_PASS = 19  # tasks in one pass over every scenario
 
 
 def test_governed_meets_the_seed_column(bench_result: dict[str, Any]) -> None:
@@ -34,7 +42,12 @@ def test_governed_beats_framework_builtins(bench_result: dict[str, Any]) -> None
 
 
 def test_failed_governed_tasks_keep_their_sub_results(bench_result: dict[str, Any]) -> None:
-    failed = [t for t in bench_result["tasks"] if t["arm"] == "governed" and t["failed"]]
+    seed_incidents = set(bench_result["per_scenario"])
+    failed = [
+        t
+        for t in bench_result["tasks"]
+        if t["arm"] == "governed" and t["failed"] and t["policy"] == "obedient" and t["scenario"] in seed_incidents
+    ]
     assert failed, "the credentials scenario cannot succeed: some governed task must fail"
     assert all(t["delivered"] > 0 for t in failed)
     assert (
@@ -58,7 +71,7 @@ def test_both_frameworks_ran_every_arm(bench_result: dict[str, Any]) -> None:
 
 
 def test_the_crashed_batch_resumes_only_when_governed(bench_result: dict[str, Any]) -> None:
-    batch = [t for t in bench_result["tasks"] if t["scenario"] == "batch_crash_at_18"]
+    batch = [t for t in bench_result["tasks"] if t["scenario"] == "batch_crash_at_18" and t["policy"] == "obedient"]
     assert all(t["restarts"] == 1 for t in batch)
     by_arm = {arm: [t["tool_calls"] for t in batch if t["arm"] == arm] for arm in ARMS}
     # a restarted baseline redoes the 17 items it had finished; the governor replays them
@@ -66,13 +79,16 @@ def test_the_crashed_batch_resumes_only_when_governed(bench_result: dict[str, An
     assert max(by_arm["governed"]) < min(by_arm["baseline"])
 
 
-def test_same_seed_same_json_and_another_seed_differs(bench_result: dict[str, Any]) -> None:
-    again = run_bench(seed=bench_result["seed"], runs=2)
-    assert json.dumps(again, sort_keys=True) == json.dumps(bench_result, sort_keys=True)
-    other = run_bench(seed=bench_result["seed"] + 1, runs=1, frameworks=["langchain"])
-    assert [t["duration_s"] for t in other["tasks"]] != [
-        t["duration_s"] for t in bench_result["tasks"] if t["framework"] == "langchain"
-    ][: len(other["tasks"])]
+def test_same_seed_same_json_and_another_seed_differs() -> None:
+    # both frameworks, the seeded calibrated draws, provider faults and the jitter ablation
+    def run(seed: int) -> dict[str, Any]:
+        return run_bench(seed=seed, runs=1, policies=["calibrated"])
+
+    first = run(3)
+    assert json.dumps(run(3), sort_keys=True) == json.dumps(first, sort_keys=True)
+    other = run(4)
+    assert [t["duration_s"] for t in other["tasks"]] != [t["duration_s"] for t in first["tasks"]]
+    assert other["jitter_ablation"] != first["jitter_ablation"]
 
 
 def test_retry_rate_is_reported_per_arm_framework_and_task(bench_result: dict[str, Any]) -> None:
@@ -84,7 +100,7 @@ def test_retry_rate_is_reported_per_arm_framework_and_task(bench_result: dict[st
         # retries only: the first wave of 5 concurrent first attempts cannot set it
         assert 0 < summary["peak_retry_rate_per_s"] <= 5
         assert 0 < summary["mean_peak_retry_rate_per_s"] <= summary["peak_retry_rate_per_s"]
-    concurrent = [t for t in bench_result["tasks"] if t["scenario"] == "concurrent_flaky"]
+    concurrent = [t for t in bench_result["tasks"] if t["scenario"] == "concurrent_flaky" and t["policy"] == "obedient"]
     assert max(t["peak_retry_rate_per_s"] for t in concurrent) == max(s["peak_retry_rate_per_s"] for s in summaries)
 
 
@@ -92,12 +108,28 @@ def test_cli_writes_json_and_html(tmp_path: Path) -> None:
     out, page = tmp_path / "bench.json", tmp_path / "bench.html"
     result = CliRunner().invoke(
         app,
-        ["bench", "--runs", "1", "--frameworks", "langchain", "--seed", "5", "--json", str(out), "--html", str(page)],
+        [
+            "bench",
+            "--runs",
+            "1",
+            "--frameworks",
+            "langchain",
+            "--model-policy",
+            "stubborn",
+            "--seed",
+            "5",
+            "--json",
+            str(out),
+            "--html",
+            str(page),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "not a real model" in result.output
+    assert "where governance does not win" in result.output and "jitter ablation" in result.output
     data = json.loads(out.read_text())
     assert data["frameworks"] == ["langchain"]
+    assert list(data["model_policies"]) == ["stubborn"] and data["headline_policy"] == "stubborn"
     for arm in ARMS:
         assert set(data[arm]) >= {
             "tasks",
@@ -113,9 +145,15 @@ def test_cli_writes_json_and_html(tmp_path: Path) -> None:
     assert "<script" not in text and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
-def test_cli_rejects_an_unknown_framework() -> None:
+def test_cli_rejects_an_unknown_framework_policy_or_calibration(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "--frameworks", "autogen"])
     assert result.exit_code != 0
+    result = CliRunner().invoke(app, ["bench", "--model-policy", "obedient,reckless"])
+    assert result.exit_code != 0 and "reckless" in result.output
+    bogus = tmp_path / "params.json"
+    bogus.write_text('{"format": "something else"}')
+    result = CliRunner().invoke(app, ["bench", "--calibration", str(bogus)])
+    assert result.exit_code != 0 and "bench calibrate" in result.output
 
 
 def test_importing_the_core_and_cli_loads_no_agent_framework() -> None:
@@ -126,3 +164,133 @@ def test_importing_the_core_and_cli_loads_no_agent_framework() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the model policies -------------------------------------------------------------------
+
+
+def test_every_policy_reports_every_arm_and_metric(bench_result: dict[str, Any]) -> None:
+    assert bench_result["model_policies_run"] == list(POLICIES)
+    for name in POLICIES:
+        per_policy = bench_result["model_policies"][name]
+        for arm in ARMS:
+            summary = per_policy[arm]
+            assert summary["tasks"] == 2 * PER_PASS * 2
+            assert {"tool_calls_per_task", "model_calls_per_task", "failure_rate", "prompt_tokens_per_task"} <= set(
+                summary
+            )
+            assert summary["model_calls_per_task"] > summary["tool_calls_per_task"] / 2 > 0
+            for framework in ("langchain", "crewai"):
+                assert per_policy["per_framework"][framework][arm]["tasks"] == 2 * PER_PASS
+        assert set(per_policy["per_scenario"]) == set(SCENARIO_BY_NAME)
+
+
+def test_governed_makes_the_fewest_tool_and_model_calls_under_every_policy(bench_result: dict[str, Any]) -> None:
+    for name in POLICIES:
+        per_policy = bench_result["model_policies"][name]
+        for arms in (per_policy, *per_policy["per_framework"].values()):
+            for metric in ("tool_calls_per_task", "model_calls_per_task"):
+                assert arms["governed"][metric] <= min(arms["baseline"][metric], arms["builtins"][metric]), (
+                    name,
+                    metric,
+                )
+
+
+def test_the_stubborn_model_is_bounded(bench_result: dict[str, Any]) -> None:
+    governed = bench_result["model_policies"]["stubborn"]["governed"]
+    assert governed["tool_calls_per_task"] <= 12
+    assert governed["model_calls_per_task"] <= 16
+    # the price, which the README states: a model that ignores every warning is stopped
+    # (NoProgressError, its sub-results kept) where a bare LangChain agent, after 30
+    # identical failures, moves on and finishes (crewAI's own REPEATED_CALL guard aborts
+    # its bare crew at the 5th identical call)
+    stops = [
+        t
+        for t in bench_result["tasks"]
+        if t["policy"] == "stubborn" and t["arm"] == "governed" and t["scenario"] == "missing_document"
+    ]
+    assert stops and all(t["reason"].endswith("NoProgressError") and t["delivered"] == 1 for t in stops)
+    assert all(t["model_calls"] <= 8 for t in stops)
+    bare = [
+        t
+        for t in bench_result["tasks"]
+        if t["policy"] == "stubborn" and t["arm"] == "baseline" and t["scenario"] == "missing_document"
+    ]
+    langchain = [t for t in bare if t["framework"] == "langchain"]
+    assert all(t["tool_calls"] > 30 and not t["failed"] for t in langchain)
+    assert all(t["reason"] == "ToolExecutionFailedError" for t in bare if t["framework"] == "crewai")
+
+
+def test_obedient_and_stubborn_differ_only_where_the_governor_speaks(bench_result: dict[str, Any]) -> None:
+    policies = bench_result["model_policies"]
+    for arm in ("baseline", "builtins"):
+        assert policies["obedient"][arm] == policies["stubborn"][arm]
+    assert policies["obedient"]["governed"] != policies["stubborn"]["governed"]
+
+
+def test_runs_shared_between_policies_equal_separate_runs() -> None:
+    """run_bench runs a world once where the policy cannot matter: check that against real runs."""
+    runner = LangChainRunner()
+    for arm, scenario, a, b in (
+        ("baseline", "missing_document", "obedient", "stubborn"),
+        ("builtins", "downstream_outage", "obedient", "stubborn"),
+        ("governed", "provider_overloaded_529", "obedient", "calibrated"),
+    ):
+        runs = [
+            [
+                {**asdict(o), "policy": "-"}
+                for o in run_world(
+                    runner, arm, SCENARIO_BY_NAME[scenario], 7, 0, policy.delivered_in, policy.make_behaviour(name)
+                )
+            ]
+            for name in (a, b)
+        ]
+        assert runs[0] == runs[1], (arm, scenario)
+
+
+def test_a_fatal_provider_error_reaches_the_provider_once_only_when_governed(bench_result: dict[str, Any]) -> None:
+    quota = [t for t in bench_result["tasks"] if t["scenario"] == "quota_exhausted_mid_task"]
+    refused: dict[tuple[str, str], set[int]] = {}
+    for t in quota:
+        refused.setdefault((t["framework"], t["arm"]), set()).add(t["failed_model_calls"])
+    assert refused["langchain", "governed"] == refused["crewai", "governed"] == {1}
+    assert refused["langchain", "baseline"] == {3}  # the SDK's own 2 retries
+    assert refused["langchain", "builtins"] == {9}  # ModelRetryMiddleware x the SDK
+    assert refused["crewai", "baseline"] == refused["crewai", "builtins"] == {27}  # agent retry x LLM retry x SDK
+    assert all(t["failed"] for t in quota)
+    assert {t["delivered"] for t in quota if t["arm"] == "governed"} == {6}  # what it finished, checkpointed
+    assert {t["delivered"] for t in quota if t["arm"] != "governed"} == {0}
+
+
+def test_where_governed_loses_a_provider_fault_it_says_why(bench_result: dict[str, Any]) -> None:
+    """The README's exception: with default settings the governor gives a model call 3
+    attempts and a breaker per endpoint that rate limits also trip, so a 429 storm on one
+    key or a 529 burst can end governed runs the frameworks' longer retry chains survive
+    -- at fewer model calls."""
+    for name in POLICIES:
+        scenarios = bench_result["model_policies"][name]["per_scenario"]
+        for scenario in ("provider_429_storm", "provider_overloaded_529"):
+            arms = scenarios[scenario]
+            assert arms["governed"]["model_calls_per_task"] < arms["builtins"]["model_calls_per_task"]
+            assert set(arms["governed"]["failure_reasons"]) <= {"TransientError", "CircuitOpenError"}
+    losses = bench_result["model_policies"]["obedient"]["governed_not_best"]
+    assert all(loss["metric"] in ("failure_rate", "prompt_tokens_per_task") for loss in losses)
+    assert {loss["scenario"] for loss in losses} - {"all"} <= {
+        "provider-fault scenarios",
+        "provider_429_storm",
+        "provider_overloaded_529",
+    }
+
+
+def test_jitter_ablation(bench_result: dict[str, Any]) -> None:
+    ablation = bench_result["jitter_ablation"]
+    fast, default, slow = ablation["fast_errors"], ablation["default_breaker"], ablation["slow_errors"]
+    assert ablation["with_jitter"] == fast["with_jitter"] and ablation["without_jitter"] == fast["without_jitter"]
+    # lock-step without jitter: all five retries in flight together, every time
+    assert fast["without_jitter"]["mean_peak_concurrent_retries"] == ablation["tasks"]
+    assert fast["with_jitter"]["mean_peak_concurrent_retries"] < fast["without_jitter"]["mean_peak_concurrent_retries"]
+    assert fast["with_jitter"]["retries_per_world"] == fast["without_jitter"]["retries_per_world"] > 0
+    # with the default breaker, five failures at once open it: no retry is sent at all
+    assert default["with_jitter"]["retries_per_world"] == default["without_jitter"]["retries_per_world"] == 0
+    # 1.5-second errors overlap in flight whatever the spread
+    assert slow["mean_peak_reduction"] == 0

@@ -2,13 +2,12 @@
 
     python benchmarks/provider_fault_settings.py [--seeds 0] [--runs 20] [--framework langchain]
 
-`loop-governor bench` runs every arm at its defaults, and there the governed arm loses
-tasks to a 429 storm on one key and to a 529 burst that the frameworks' longer retry
-chains survive (see loop_governor/bench/README.md). This runs the same worlds (same
-seeds, same faults, the obedient model) for the governed arm alone with the settings a
-user would reach for, so the README can say what changes the outcome and what does not:
-the key's real request limit as a shared rate limit (`ModelPolicy(rpm=12)`), a model
-breaker that rate limits cannot trip as easily, more attempts per model call.
+`loop-governor bench` runs every arm at its defaults. This runs the same worlds (same
+seeds, same faults, the obedient model) for the governed arm alone under other settings,
+so the README can say what each one changes: no waiting for the provider
+(`model_max_wait_s=0`: the tool-call rules, 3 attempts and Retry-After up to 8 s), the
+key's real request limit as a shared rate limit (`ModelPolicy(rpm=12)`), a model breaker
+that is harder to trip, more attempts per model call.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ def _models(policy: ModelPolicy) -> GovernorConfig:
 
 VARIANTS: dict[str, GovernorConfig] = {
     "GovernorConfig() (the bench)": GovernorConfig(),
+    "GovernorConfig(model_max_wait_s=0)": GovernorConfig(model_max_wait_s=0),
     "ModelPolicy(rpm=12): the key's limit": _models(ModelPolicy(rpm=12)),
     "ModelPolicy(breaker_failure_threshold=50)": _models(ModelPolicy(breaker_failure_threshold=50)),
     "ModelPolicy(retry_max_attempts=6)": _models(ModelPolicy(retry_max_attempts=6)),

@@ -131,7 +131,13 @@ class Breaker(AttemptPolicy):
     A first attempt may be admitted as the half-open probe; a retry never is: it runs
     only while the breaker is closed (another caller's failures may have opened it during
     our backoff). A permanent failure is an answer -- the service is up -- so it counts
-    as a success for the breaker; transient and fatal ones count against it.
+    as a success for the breaker, and so does a throttle (429: the service is up and
+    pacing us; counting it would turn seconds of pacing into a cooldown for the whole
+    fleet); transient and fatal ones count against it.
+
+    A call that may wait (``max_wait``: model calls) and has no fallback left waits for
+    an open breaker's cooldown when it ends within the wait left, then goes in as the
+    probe: failing instead would end the agent's step with nowhere else to go.
     """
 
     __slots__ = ("rt",)
@@ -142,13 +148,18 @@ class Breaker(AttemptPolicy):
     def before_attempt(self, call: Call) -> float:
         rt, key = self.rt, call.breaker_key
         admission = call.admission
+        waits = call.policy.max_wait > 0 and not _fallback_left(call)
         if call.attempt or admission is None:  # else: admitted by the governor's fast path
-            if call.attempt and rt.store.breaker_get(key).state is not BreakerState.CLOSED:
+            if call.attempt and not waits and rt.store.breaker_get(key).state is not BreakerState.CLOSED:
                 raise Refused("breaker")
             admission, transition = rt.store.breaker_admit(key, rt.clock, call.policy.breaker)
             if transition is not None:
                 self.transition(key, transition)
         if not admission.allowed:
+            if waits and 0 < admission.retry_in <= call.wait_left:
+                call.admission = None  # ask again after the wait
+                rt.events.emit("breaker_wait", tool=call.name, delay_s=admission.retry_in)
+                return admission.retry_in
             if call.attempt:
                 raise Refused("breaker")
             raise Refused("breaker", circuit_open(call.kind, call.name, admission))
@@ -159,9 +170,14 @@ class Breaker(AttemptPolicy):
         info, admission = call.info, call.admission
         if info is None:
             return
-        self.record(call, info.error_type is ErrorType.PERMANENT, admission is not None and admission.probe)
+        answered = info.error_type is ErrorType.PERMANENT or info.throttled
+        self.record(call, answered, admission is not None and admission.probe)
         call.admission = ADMIT_DIRTY
-        if not call.veto and self.rt.store.breaker_get(call.breaker_key).state is BreakerState.OPEN:
+        if (
+            not call.veto
+            and (call.policy.max_wait <= 0 or _fallback_left(call))
+            and self.rt.store.breaker_get(call.breaker_key).state is BreakerState.OPEN
+        ):
             call.veto = "breaker"  # our failure (or another caller's) opened it: don't sleep for nothing
 
     def after_attempt_success(self, call: Call) -> None:
@@ -177,3 +193,8 @@ class Breaker(AttemptPolicy):
 
     def transition(self, key: str, transition: Transition) -> None:
         self.rt.events.emit("breaker", tool=key, from_state=transition[0].value, to_state=transition[1].value)
+
+
+def _fallback_left(call: Call) -> bool:
+    options = call.model
+    return options is not None and call.next_fallback < len(options.fallbacks)

@@ -155,8 +155,10 @@ class RetryBudget(AttemptPolicy):
 
     def before_attempt(self, call: Call) -> float:
         scope = call.scope
-        if scope is None or call.pending is not None:
-            return 0.0  # a first attempt, or a retry after compaction: not a retry of the same request
+        if scope is None or call.pending is not None or call.waits_out_throttle:
+            # a first attempt, a retry after compaction (a new request) or after a throttle
+            # (a turn waited for, bounded by max_wait): not a retry of a failure
+            return 0.0
         if not self.rt.store.budget_take(scope.task_id, self.limit):
             raise Refused("budget")  # another call of the task spent it during our sleep
         return 0.0
@@ -164,6 +166,8 @@ class RetryBudget(AttemptPolicy):
     def after_attempt_failure(self, call: Call) -> None:
         scope, info = call.scope, call.info
         if scope is None or info is None or info.error_type is not ErrorType.TRANSIENT or call.veto:
+            return
+        if call.waits_out_throttle:
             return
         if self.rt.store.budget_used(scope.task_id) >= self.limit:
             call.veto = "budget"  # the unit is taken when the retry really runs, after the sleep

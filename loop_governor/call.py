@@ -82,6 +82,7 @@ class Call:
     veto: str | None = None  # a policy's reason to retry no more
     pending: str | None = None  # work the next attempt must do first ("compact")
     compacted = False
+    throttles = 0  # failed attempts that were throttles/overloads waited out (not counted as attempts)
     started = 0.0
     waited_s = 0.0
     usage: Usage | None = None
@@ -198,6 +199,20 @@ class Call:
         self.exc = None
         self.stop_reason = None
         self.veto = None
+        self.compacted = False
+        self.throttles = 0
+
+    @property
+    def wait_left(self) -> float:
+        """Seconds this call may still wait for its turn (``max_wait`` less what it waited)."""
+        return self.policy.max_wait - self.waited_s
+
+    @property
+    def waits_out_throttle(self) -> bool:
+        """Whether the last failure is a throttle or an overload this call waits out
+        (``max_wait``) instead of spending an attempt on it."""
+        info = self.info
+        return info is not None and (info.throttled or info.overloaded) and self.policy.max_wait > 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,15 @@ class ErrorInfo:
     message: str = ""
     exception_type: str = ""
     evidence: str = "default"
+    #: A transient failure that paces the caller rather than reporting a fault: HTTP 429,
+    #: a provider's rate-limit / throttling code. The service answered; waiting for a turn
+    #: is the remedy, so breakers do not count it and a model call waits instead of
+    #: spending its attempts (see :mod:`loop_governor.retry`).
+    throttled: bool = False
+    #: A transient failure that says the service is shedding load (529 ``overloaded_error``,
+    #: a 503 "overloaded" / "slow down"): a fault the breaker counts, but like a throttle
+    #: one that waiting ends, so a model call waits it out too.
+    overloaded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +298,20 @@ _MSG_STATUS = re.compile(
 _MSG_RETRY_IN = re.compile(r"(?:try again|retry) in (\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?)\b", re.I)
 
 _PERMISSION_CODES = frozenset({"permission_error", "permission_denied"})
+
+# Transient codes and exception types that mean "slow down" (a throttle), not "broken".
+# Overload (529 overloaded_error, 503) is a fault of the service and stays out.
+_THROTTLE_CODES = frozenset(
+    (
+        "rate_limit_exceeded rate_limit_error ratelimitexceeded ratelimited rate_limited throttling "
+        "throttlingexception throttled toomanyrequestsexception too_many_requests requestlimitexceeded "
+        "slowdown provisionedthroughputexceededexception bandwidthlimitexceeded ec2throttledexception "
+        "limitexceededexception requestthrottled requestthrottledexception resource_exhausted"
+    ).split()
+)
+_THROTTLE_TYPES = frozenset({"ratelimiterror", "toomanyrequests", "resourceexhausted", "throttlingexception"})
+_OVERLOAD_CODES = frozenset({"overloaded_error", "overloaded", "engine_overloaded"})
+_OVERLOAD_TEXT = re.compile(r"overload|over capacity|slow down|server is busy|try again later", re.I)
 
 # Chain attributes beyond __cause__/__context__: tenacity, google-api-core, urllib,
 # urllib3, SQLAlchemy and aiohttp keep the underlying error under these names.
@@ -801,6 +824,19 @@ def _classify(exc: BaseException, tool: str | None, rules: Sequence[Rule], unkno
     exc_type = type(best_exc).__name__
     raw = _safe_str(best_exc)
     message = redact(raw or best_text or exc_type)
+    transient = kind is ErrorType.TRANSIENT
+    low_code = (code or "").lower()
+    throttled = transient and (status_out == 429 or low_code in _THROTTLE_CODES or _throttle_type(best_exc))
+    overloaded = (
+        transient
+        and not throttled
+        and (
+            status_out == 529
+            or low_code in _OVERLOAD_CODES
+            or (status_out == 503 and _OVERLOAD_TEXT.search(message) is not None)
+            or type(best_exc).__name__.lower() == "overloadederror"
+        )
+    )
     return ErrorInfo(
         error_type=kind,
         retryable=kind is ErrorType.TRANSIENT,
@@ -813,7 +849,16 @@ def _classify(exc: BaseException, tool: str | None, rules: Sequence[Rule], unkno
         message=truncate(_with_type(exc_type, message)),
         exception_type=exc_type,
         evidence=source,
+        throttled=throttled,
+        overloaded=overloaded,
     )
+
+
+def _throttle_type(exc: BaseException) -> bool:
+    try:
+        return any(klass.__name__.lower() in _THROTTLE_TYPES for klass in type(exc).__mro__)
+    except Exception:
+        return False
 
 
 def classify(

@@ -44,6 +44,9 @@ class ToolPolicy(BaseModel):
     unknown_error: ErrorClass | None = None
     rate_limit_per_s: float | None = Field(default=None, gt=0)
     rate_burst: int | None = Field(default=None, ge=1)
+    max_wait_s: float | None = Field(
+        default=None, ge=0, description="as GovernorConfig.model_max_wait_s, for this tool (default: no such wait)"
+    )
     max_calls: int | None = Field(default=None, ge=1, description="calls of this tool per task (hard stop)")
     escalation_repeats: int | None = Field(
         default=None, ge=1, description="after the model was told to stop repeating, this many more end the task"
@@ -77,6 +80,7 @@ class ModelPolicy(BaseModel):
     rpm_burst: int | None = Field(default=None, ge=1, description="requests at once; default one second's worth")
     tpm_burst: int | None = Field(default=None, ge=1, description="tokens at once; default ten seconds' worth")
     rate_key: str | None = Field(default=None, min_length=1, description="bucket shared with other entries")
+    max_wait_s: float | None = Field(default=None, ge=0, description="overrides GovernorConfig.model_max_wait_s")
 
 
 class ModelPrice(BaseModel):
@@ -113,6 +117,7 @@ class ResolvedPolicy:
         "max_attempts",
         "max_calls",
         "max_delay",
+        "max_wait",
         "rate_key",
         "rate_per_s",
         "rated",
@@ -131,6 +136,10 @@ class ResolvedPolicy:
         self.base_delay: float = config.retry_base_delay if o.retry_base_delay is None else o.retry_base_delay
         self.max_delay: float = config.retry_max_delay if o.retry_max_delay is None else o.retry_max_delay
         self.jitter: float = config.retry_jitter
+        # Seconds the call may wait for its turn in all (0: a wait longer than max_delay
+        # hands back at once); never for a call that must not be repeated.
+        wait = o.max_wait_s if o.max_wait_s is not None else (config.model_max_wait_s if model else 0.0)
+        self.max_wait: float = wait if self.max_attempts > 1 else 0.0
         self.breaker = BreakerPolicy(
             o.breaker_failure_threshold or config.breaker_failure_threshold,
             o.breaker_cooldown_s or config.breaker_cooldown_s,
@@ -204,6 +213,13 @@ class GovernorConfig(BaseSettings):
     tools: dict[str, ToolPolicy] = Field(default_factory=dict)
     models: dict[str, ModelPolicy] = Field(
         default_factory=dict, description='per endpoint ("openai:gpt-4o") or provider ("openai")'
+    )
+    model_max_wait_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="seconds a model call may wait in all for its turn before it fails: the provider's "
+        "throttles (429 and Retry-After, retried without spending attempts or the retry budget), the shared "
+        "rate limit, an open breaker when no fallback is left; 0 = as tool calls (no wait past retry_max_delay)",
     )
     sdk_retries: Literal["off", "keep"] = Field(
         default="off",

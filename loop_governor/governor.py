@@ -261,11 +261,14 @@ class Governor:
         return rec.state
 
     def check_breaker(self, tool: str) -> None:
-        """Raise CircuitOpenError when ``tool`` would be refused now, without consuming a probe."""
+        """Raise CircuitOpenError when ``tool`` would be refused now, without consuming a probe
+        (a tool that may wait, ``ToolPolicy(max_wait_s=...)``, is left to wait in its call)."""
         rec = self.rt.store.breaker_get(tool)
         if rec.state is BreakerState.CLOSED:
             return
         policy = self.policy(tool)
+        if policy.max_wait > 0:
+            return
         ready_at = (rec.opened_at if rec.state is BreakerState.OPEN else rec.probe_at) + policy.breaker.cooldown_s
         now = self.clock()
         if now < ready_at:

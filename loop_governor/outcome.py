@@ -51,6 +51,8 @@ def advice(kind: str, name: str, info: ErrorInfo, reason: str | None, attempts: 
         return f"{name} asked for a pause of {info.retry_after:.0f}s; {rest}"
     if reason == "breaker":
         return f"{name} is unavailable (circuit open); {rest}"
+    if reason == "wait":
+        return f"{name} kept throttling the request for longer than the call may wait; {rest}"
     return f"{name} failed {attempts} times in a row; {rest}"
 
 

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
 
 State = tuple[float, float]  # tokens, last refill time
+# A bucket refilled for exactly the wait it was told can fall short by a rounding error:
+# the wait that follows (~1e-16 s) does not move a float clock, and the caller would wait
+# forever. A shortfall this small (relative to the cost) is admitted.
+_SLACK = 1e-9
 Bucket = tuple[str, float, float, float]  # key, rate_per_s, burst, cost
 
 
@@ -43,17 +47,18 @@ def take_token(
 
 def take_all(states: Sequence[State | None], buckets: Sequence[Bucket], now: float) -> tuple[list[State], float]:
     """Take each bucket's cost from its state, all or nothing; returns the new states and
-    the wait (the longest any bucket needs; 0 = admitted). A cost above the burst is
-    capped at it, so one large request waits for a full bucket instead of forever."""
+    the wait (the longest any bucket needs; 0 = admitted). A cost above the burst waits
+    for a full bucket (not forever) and then takes its whole cost: the bucket goes into
+    debt, which later requests wait out, so large prompts stay within the rate too."""
     refilled = [_refill(s, b[1], b[2], now) for s, b in zip(states, buckets, strict=True)]
     wait = 0.0
     for (tokens, _), (_, rate, burst, cost) in zip(refilled, buckets, strict=True):
         need = min(cost, burst)
-        if tokens < need:
+        if need - tokens > _SLACK * need:
             wait = max(wait, (need - tokens) / rate)
     if wait > 0:
         return refilled, wait
-    return [(t - min(b[3], b[2]), ts) for (t, ts), b in zip(refilled, buckets, strict=True)], 0.0
+    return [(t - b[3], ts) for (t, ts), b in zip(refilled, buckets, strict=True)], 0.0
 
 
 def buckets_for(call: Call) -> list[Bucket]:
@@ -84,8 +89,9 @@ def _limit_text(call: Call) -> str:
 class RateLimit(AttemptPolicy):
     """Every attempt (retries too) takes its tokens from the shared buckets, or waits.
 
-    A wait longer than the retry cap is a refusal: the first attempt's outcome is a
-    transient ``rate_limited`` error; a retry just stops retrying.
+    A wait longer than the call may wait -- what is left of ``max_wait`` (model calls),
+    else the retry cap -- is a refusal: the first attempt's outcome is a transient
+    ``rate_limited`` error; a retry just stops retrying.
     """
 
     rated_only = True
@@ -103,7 +109,7 @@ class RateLimit(AttemptPolicy):
         wait = rt.store.rate_acquire_all(buckets, rt.clock())
         if wait <= 0:
             return 0.0
-        if wait > pol.max_delay:
+        if wait > (call.wait_left if pol.max_wait > 0 else pol.max_delay):
             if call.attempt:
                 raise Refused("rate_limited")
             raise Refused("rate_limited", rate_limited(call.kind, call.name, wait, _limit_text(call)))

@@ -40,14 +40,22 @@ def backoff_delay(retry_index: int, policy: ResolvedPolicy, rnd: float) -> float
 
 
 class RetryLoop:
-    """tenacity's callbacks for one governed call (see the module docstring)."""
+    """tenacity's callbacks for one governed call (see the module docstring).
 
-    __slots__ = ("after_failure", "call", "rt")
+    A throttle (HTTP 429, a provider's rate-limit code: :attr:`ErrorInfo.throttled`) on a
+    call that may wait (``max_wait``, model calls by default) is a turn to wait for, not
+    a failed attempt: it does not count against ``max_attempts``, and its Retry-After is
+    honoured up to what is left of ``max_wait`` rather than ``retry_max_delay``. Five
+    agents on one API key then take turns instead of spending their attempts together.
+    """
+
+    __slots__ = ("_planned", "after_failure", "call", "rt")
 
     def __init__(self, rt: Runtime, call: Call, after_failure: tuple[Callable[[Call], None], ...]) -> None:
         self.rt = rt
         self.call = call
         self.after_failure = after_failure
+        self._planned: tuple[int, float] = (0, 0.0)
 
     def _retry(self, exc: BaseException) -> bool:
         """``retry`` predicate: classify this attempt's failure, let the attempt policies
@@ -57,29 +65,47 @@ class RetryLoop:
         call = self.call
         call.exc = exc
         call.info = info = self.rt.classify(exc, call.name, call.policy)
+        if call.waits_out_throttle:
+            call.throttles += 1
         for moment in self.after_failure:
             moment(call)
         return info.error_type is ErrorType.TRANSIENT or call.pending is not None
 
-    def _wait(self, state: RetryCallState) -> float:
+    def _delay(self, state: RetryCallState) -> float:
+        """The pause before the next attempt, drawn once per attempt: tenacity asks
+        ``wait`` and ``stop`` in either order, depending on its version."""
+        number, delay = self._planned
+        if number == state.attempt_number:
+            return delay
         call = self.call
         if call.pending is not None:
-            return 0.0  # a compacted prompt is a new request: no backoff
-        delay = backoff_delay(state.attempt_number - 1, call.policy, self.rt.random())
-        retry_after = call.info.retry_after if call.info is not None else None
-        if retry_after is not None:
-            delay = max(delay, retry_after)
+            delay = 0.0  # a compacted prompt is a new request: no backoff
+        else:
+            delay = backoff_delay(state.attempt_number - 1, call.policy, self.rt.random())
+            retry_after = call.info.retry_after if call.info is not None else None
+            if retry_after is not None:
+                delay = max(delay, retry_after)
+        self._planned = (state.attempt_number, delay)
         return delay
+
+    def _wait(self, state: RetryCallState) -> float:
+        return self._delay(state)
 
     def _stop(self, state: RetryCallState) -> bool:
         call = self.call
         if call.pending is not None:
             return False  # one retry with the compacted prompt, whatever the attempt count
         policy, info = call.policy, call.info
-        if call.attempt - int(call.compacted) >= policy.max_attempts:
+        if call.attempt - int(call.compacted) - call.throttles >= policy.max_attempts:
             call.stop_reason = "attempts"
             return True
-        if info is not None and info.retry_after is not None and info.retry_after > policy.max_delay:
+        if call.waits_out_throttle:
+            if self._delay(state) > call.wait_left:
+                # Waiting out this throttle would pass the call's wait limit: hand back now.
+                asked = info.retry_after if info is not None else None
+                call.stop_reason = "retry_after" if asked is not None and asked > call.wait_left else "wait"
+                return True
+        elif info is not None and info.retry_after is not None and info.retry_after > policy.max_delay:
             # The service asked for a longer pause than we may wait: hand back now.
             call.stop_reason = "retry_after"
             return True

@@ -122,7 +122,7 @@ def _run_task(
     except DeadlineExceeded:
         reason = "deadline"
     except Exception as exc:  # the framework stopped the run: that is the outcome
-        reason = type(exc).__name__
+        reason = _reason_of(exc)
     delivered: list[str] = []
     if answer is not None:
         delivered = delivered_of(answer)
@@ -195,3 +195,12 @@ def run_world(
         outcome.peak_concurrency = peak
         outcome.peak_retry_rate_per_s = retry_rate
     return outcomes
+
+
+def _reason_of(exc: Exception) -> str:
+    """The governor's error class when it ended the run (an adapter's error may also be
+    the model exception's own class: LangChain's governed model failures are both)."""
+    for klass in type(exc).__mro__:
+        if klass.__module__ == "loop_governor.errors" and klass is not Exception:
+            return klass.__name__
+    return type(exc).__name__

@@ -175,8 +175,9 @@ return 1
 """
 
 # Token buckets, all or nothing (loop_governor.ratelimit.take_all): every bucket is
-# refilled; if each holds its cost (capped at its burst) all are debited, else none is and
-# the longest wait is returned. A clock that steps back neither refills nor rewinds.
+# refilled; if each holds its cost (capped at its burst) all are debited their whole cost
+# (a bucket may go into debt), else none is and the longest wait is returned. A clock
+# that steps back neither refills nor rewinds.
 # KEYS: buckets. ARGV: now, then per bucket: rate_per_s, burst, cost, ttl_ms.
 # Reply: seconds to wait ('0' = admitted).
 _RATE_LUA = """
@@ -192,12 +193,12 @@ for i, key in ipairs(KEYS) do
     ts = now
   end
   local need = math.min(cost, burst)
-  if t < need then wait = math.max(wait, (need - t) / rate) end
+  if need - t > 1e-9 * need then wait = math.max(wait, (need - t) / rate) end
   tokens[i], stamps[i] = t, ts
 end
 for i, key in ipairs(KEYS) do
   local t = tokens[i]
-  if wait == 0 then t = t - math.min(tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i - 1])) end
+  if wait == 0 then t = t - tonumber(ARGV[4 * i]) end
   redis.call('HSET', key, 't', string.format('%.17g', t), 'ts', string.format('%.17g', stamps[i]))
   redis.call('PEXPIRE', key, ARGV[4 * i + 1])
 end
@@ -352,9 +353,10 @@ class RedisStore:
         return f"{self._prefix}rate:{tool}"
 
     @staticmethod
-    def _bucket_ttl_ms(rate_per_s: float, burst: float) -> int:
-        # A bucket idle for burst/rate seconds is full, the same as no key at all.
-        return max(60_000, math.ceil(2000 * burst / rate_per_s))
+    def _bucket_ttl_ms(rate_per_s: float, burst: float, cost: float = 0.0) -> int:
+        # A bucket idle for (burst + debt)/rate seconds is full, the same as no key at all;
+        # a debt (a cost above the burst) must not expire before it is paid.
+        return max(60_000, math.ceil(2000 * (burst + cost) / rate_per_s))
 
     def _breaker_ttl_ms(self, policy: BreakerPolicy) -> int:
         return max(self._ttl_ms, math.ceil(policy.cooldown_s * 2000) + 60_000)
@@ -795,7 +797,7 @@ class RedisStore:
             if self._available():
                 args: list[str | int] = [_num(now)]
                 for _, rate_per_s, burst, cost in buckets:
-                    args += [_num(rate_per_s), _num(burst), _num(cost), self._bucket_ttl_ms(rate_per_s, burst)]
+                    args += [_num(rate_per_s), _num(burst), _num(cost), self._bucket_ttl_ms(rate_per_s, burst, cost)]
                 try:
                     reply = self._rate(keys=[self._rkey(b[0]) for b in buckets], args=args)
                     return float(reply)

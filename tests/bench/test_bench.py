@@ -262,24 +262,32 @@ def test_a_fatal_provider_error_reaches_the_provider_once_only_when_governed(ben
     assert {t["delivered"] for t in quota if t["arm"] != "governed"} == {0}
 
 
-def test_where_governed_loses_a_provider_fault_it_says_why(bench_result: dict[str, Any]) -> None:
-    """The README's exception: with default settings the governor gives a model call 3
-    attempts and a breaker per endpoint that rate limits also trip, so a 429 storm on one
-    key or a 529 burst can end governed runs the frameworks' longer retry chains survive
-    -- at fewer model calls."""
+def test_governed_survives_provider_faults_at_fewer_model_calls(bench_result: dict[str, Any]) -> None:
+    """A 429 storm on one key and a 529 burst: the governed model call waits its turns
+    (throttles and overloads spend no attempts, 429s trip no breaker), so it fails no more
+    often than the frameworks' longer retry chains, at fewer requests than the built-ins."""
     for name in POLICIES:
         scenarios = bench_result["model_policies"][name]["per_scenario"]
+        assert scenarios["provider_429_storm"]["governed"]["failure_rate"] == 0  # every throttle waited out
         for scenario in ("provider_429_storm", "provider_overloaded_529"):
             arms = scenarios[scenario]
-            assert arms["governed"]["model_calls_per_task"] < arms["builtins"]["model_calls_per_task"]
-            assert set(arms["governed"]["failure_reasons"]) <= {"TransientError", "CircuitOpenError"}
-    losses = bench_result["model_policies"]["obedient"]["governed_not_best"]
-    assert all(loss["metric"] in ("failure_rate", "prompt_tokens_per_task") for loss in losses)
-    assert {loss["scenario"] for loss in losses} - {"all"} <= {
-        "provider-fault scenarios",
-        "provider_429_storm",
-        "provider_overloaded_529",
-    }
+            governed = arms["governed"]
+            assert governed["model_calls_per_task"] < arms["builtins"]["model_calls_per_task"]
+            # a 529 burst can outlast model_max_wait_s (a failed probe re-opens the breaker)
+            assert set(governed["failure_reasons"]) <= {"TransientError"}
+    # Where the obedient model's governed arm is not best, it is in a provider fault: on
+    # failures only where a 529 burst outlasted the wait, on cost against an arm that gave
+    # up more often (fewer calls because its tasks ended early).
+    per_scenario = bench_result["model_policies"]["obedient"]["per_scenario"]
+    for loss in bench_result["model_policies"]["obedient"]["governed_not_best"]:
+        assert "provider" in loss["scenario"], loss
+        if loss["metric"] == "failure_rate":
+            assert loss["scenario"] in ("provider-fault scenarios", "provider_overloaded_529"), loss
+            continue
+        better = next(arm for arm in ("baseline", "builtins") if arm in loss)
+        if loss["scenario"] in per_scenario and loss["framework"] == "all":
+            arms = per_scenario[loss["scenario"]]
+            assert arms[better]["failure_rate"] > arms["governed"]["failure_rate"], loss
 
 
 def test_jitter_ablation(bench_result: dict[str, Any]) -> None:

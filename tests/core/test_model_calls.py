@@ -113,20 +113,178 @@ def test_fallback_model_answers_while_the_primary_is_down(gov: lg.Governor, even
     assert [e["from_model"] for e in events if e["event"] == "model_fallback"] == ["openai:gpt-4o"]
 
 
-def test_open_breaker_skips_the_model_and_goes_to_the_fallback(gov: lg.Governor) -> None:
-    primary = Model(forever=DOWN)
-    for task in ("a", "b"):  # 2 x 3 failures open the endpoint's breaker (threshold 5)
-        with gov.task(task), pytest.raises(lg.TransientError):
-            gov.call_model("openai:gpt-4o", primary, "hi")
+def _open_model_breaker(gov: lg.Governor, primary: Model) -> None:
+    """Two tasks' 3 failures each open the endpoint's breaker (threshold 5)."""
+    no_wait = lg.Governor(
+        gov.config.model_copy(update={"model_max_wait_s": 0.0}), store=gov.store, clock=gov.clock, sleep=gov.sleep
+    )
+    for task in ("a", "b"):
+        with no_wait.task(task), pytest.raises(lg.TransientError):
+            no_wait.call_model("openai:gpt-4o", primary, "hi")
     assert gov.store.breaker_get("model:openai:gpt-4o").state is lg.governor.BreakerState.OPEN
     assert gov.store.breaker_get("openai:gpt-4o").state is lg.governor.BreakerState.CLOSED  # no clash with tools
-    calls = len(primary.prompts)
-    fallback = Model()
+
+
+def test_open_breaker_skips_the_model_and_goes_to_the_fallback(gov: lg.Governor, clock: VirtualClock) -> None:
+    primary = Model(forever=DOWN)
+    _open_model_breaker(gov, primary)
+    calls, fallback, now = len(primary.prompts), Model(), clock()
     with gov.task("c"):
-        with pytest.raises(lg.CircuitOpenError):
-            gov.call_model("openai:gpt-4o", primary, "hi")
         gov.call_model("openai:gpt-4o", primary, "hi", fallbacks=[("openai:gpt-4o-mini", fallback)])
-    assert len(primary.prompts) == calls and len(fallback.prompts) == 1
+    assert len(primary.prompts) == calls and len(fallback.prompts) == 1 and clock() == now  # at once
+
+
+def test_open_breaker_with_no_fallback_waits_for_the_cooldown_and_probes(
+    gov: lg.Governor, clock: VirtualClock, events: list[dict[str, Any]]
+) -> None:
+    """With nowhere else to go, failing at once would end the agent's step: the call waits
+    out the cooldown (within model_max_wait_s) and goes in as the probe."""
+    primary = Model(forever=DOWN)
+    _open_model_breaker(gov, primary)
+    primary.forever, calls, start = None, len(primary.prompts), clock()
+    with gov.task("c"):
+        assert gov.call_model("openai:gpt-4o", primary, "hi")["content"] == "answer"
+    assert len(primary.prompts) == calls + 1 and clock() - start == pytest.approx(60.0)  # the cooldown
+    assert gov.store.breaker_get("model:openai:gpt-4o").state is lg.governor.BreakerState.CLOSED
+    assert [e["delay_s"] for e in events if e["event"] == "breaker_wait"] == [pytest.approx(60.0)]
+
+
+def test_open_breaker_past_the_wait_limit_is_circuit_open(clock: VirtualClock) -> None:
+    gov = lg.Governor(lg.GovernorConfig(model_max_wait_s=30), clock=clock, sleep=clock.sleep, random=lambda: 0.5)
+    primary = Model(forever=DOWN)
+    _open_model_breaker(gov, primary)
+    calls, start = len(primary.prompts), clock()
+    with gov.task("c"), pytest.raises(lg.CircuitOpenError):
+        gov.call_model("openai:gpt-4o", primary, "hi")
+    assert len(primary.prompts) == calls and clock() == start
+
+
+# -- throttles (429): a turn to wait for, not a failure ------------------------------------------
+
+
+def test_throttles_are_waited_out_without_spending_attempts_or_the_budget(
+    gov: lg.Governor, clock: VirtualClock
+) -> None:
+    """Five 429s in a row with Retry-After 2 s: more than max_attempts (3), less than the
+    wait limit. The call waits its turns and answers; the task's retry budget is intact."""
+    model = Model(*[RATE] * 5)
+    with gov.task("t") as task:
+        assert gov.call_model("openai:gpt-4o", model, "hi")["content"] == "answer"
+        assert gov.store.budget_used(task.task_id) == 0
+    assert len(model.prompts) == 6 and sum(clock.sleeps) >= 10.0
+
+
+def test_throttles_never_open_the_breaker(gov: lg.Governor) -> None:
+    for task in range(4):
+        with gov.task(f"t{task}"):
+            gov.call_model("openai:gpt-4o", Model(RATE, RATE, RATE), "hi")
+    assert gov.store.breaker_get("model:openai:gpt-4o").state is lg.governor.BreakerState.CLOSED
+    for _ in range(6):  # a tool's throttles neither: the service answered
+        with pytest.raises(lg.TransientError):
+            gov.call("search", Model(RATE, RATE, RATE), "q")
+    assert gov.store.breaker_get("search").state is lg.governor.BreakerState.CLOSED
+
+
+def test_throttles_end_at_the_wait_limit(clock: VirtualClock) -> None:
+    gov = lg.Governor(lg.GovernorConfig(model_max_wait_s=10), clock=clock, sleep=clock.sleep, random=lambda: 0.5)
+    model = Model(forever=RATE)
+    with gov.task("t"), pytest.raises(lg.TransientError) as err:
+        gov.call_model("openai:gpt-4o", model, "hi")
+    assert sum(clock.sleeps) <= 10.0 and len(model.prompts) == 1 + len(clock.sleeps)
+    assert "longer than the call may wait" in err.value.info.advice
+
+
+def test_a_retry_after_beyond_the_wait_limit_hands_back_at_once(gov: lg.Governor, clock: VirtualClock) -> None:
+    slow = ProviderError(429, "rate_limit_exceeded", "Rate limit reached", {"retry-after": "600"})
+    model = Model(forever=slow)
+    with gov.task("t"), pytest.raises(lg.TransientError) as err:
+        gov.call_model("openai:gpt-4o", model, "hi")
+    assert len(model.prompts) == 1 and clock.sleeps == []
+    assert "pause of 600s" in err.value.info.advice
+
+
+def test_a_tool_throttle_keeps_the_tool_retry_rules(gov: lg.Governor, clock: VirtualClock) -> None:
+    """Tools do not wait by default (the model may do something else meanwhile): a
+    throttle is a transient attempt like any other, unless ToolPolicy(max_wait_s=...)."""
+    tool = Model(forever=RATE)
+    with pytest.raises(lg.TransientError):
+        gov.call("search", tool, "q")
+    assert len(tool.prompts) == 3
+    waiting = lg.Governor(
+        lg.GovernorConfig(tools={"search": lg.ToolPolicy(max_wait_s=20)}), clock=clock, sleep=clock.sleep
+    )
+    tool = Model(*[RATE] * 5)
+    assert waiting.call("search", tool, "q")["content"] == "answer" and len(tool.prompts) == 6
+    side_effect = lg.Governor(
+        lg.GovernorConfig(tools={"send": lg.ToolPolicy(retry=False, max_wait_s=20)}), clock=clock, sleep=clock.sleep
+    )
+    tool = Model(RATE)
+    with pytest.raises(lg.TransientError):
+        side_effect.call("send", tool, "q")  # retry=False: never repeated, whatever max_wait_s says
+    assert len(tool.prompts) == 1
+
+
+def test_an_overload_burst_is_waited_out_and_opens_the_breaker_meanwhile(gov: lg.Governor, clock: VirtualClock) -> None:
+    """Five 529s in a row: a fault the breaker counts (it opens, sparing the provider),
+    and one that waiting ends: the call waits out the cooldown, probes and answers."""
+    overloaded = ProviderError(529, "overloaded_error", "Overloaded")
+    model = Model(*[overloaded] * 5)
+    with gov.task("t") as task:
+        assert gov.call_model("anthropic:claude", model, "hi")["content"] == "answer"
+        assert gov.store.budget_used(task.task_id) == 0
+    assert len(model.prompts) == 6 and clock() >= 60.0
+    assert gov.store.breaker_get("model:anthropic:claude").state is lg.governor.BreakerState.CLOSED
+
+
+@pytest.mark.parametrize(
+    ("error", "throttled", "overloaded"),
+    [
+        (RATE, True, False),
+        (ProviderError(400, "ThrottlingException", "Rate exceeded"), True, False),
+        (HTTPError(429, "Too Many Requests"), True, False),
+        (ProviderError(529, "overloaded_error", "Overloaded"), False, True),
+        (HTTPError(503, "The engine is currently overloaded, please try again later"), False, True),
+        (QUOTA, False, False),  # fatal: no wait lifts it
+        (DOWN, False, False),  # a 500 is a fault, retried max_attempts times
+        (HTTPError(503, "service unavailable"), False, False),
+    ],
+)
+def test_throttles_and_overloads_are_told_apart(error: Exception, throttled: bool, overloaded: bool) -> None:
+    info = lg.classify(error)
+    assert (info.throttled, info.overloaded) == (throttled, overloaded)
+
+
+def test_a_model_call_over_its_token_limit_waits_its_turn(clock: VirtualClock) -> None:
+    """200k TPM allows a 33k-token prompt every ~10 s (the default token burst): the
+    later calls wait their turn instead of failing the run."""
+    gov = lg.Governor(
+        lg.GovernorConfig(models={"openai": lg.ModelPolicy(rpm=500, tpm=200_000)}), clock=clock, sleep=clock.sleep
+    )
+    sent: list[float] = []
+    with gov.task("agent"):
+        for _ in range(3):
+            gov.call_model("openai:gpt-4o", _sent_at(clock, sent), "m", estimated_tokens=33_000)
+    assert len(sent) == 3 and sent[1] - sent[0] == pytest.approx(9.9, abs=0.2)
+
+
+def test_prompts_above_the_token_burst_stay_within_the_token_limit(clock: VirtualClock) -> None:
+    gov = lg.Governor(
+        lg.GovernorConfig(models={"openai": lg.ModelPolicy(rpm=500, tpm=200_000)}), clock=clock, sleep=clock.sleep
+    )
+    sent: list[float] = []
+    for _ in range(4):
+        gov.call_model("openai:gpt-4o", _sent_at(clock, sent), "m", estimated_tokens=60_000)
+    minutes = (sent[-1] - sent[0]) / 60
+    assert 60_000 * (len(sent) - 1) / minutes <= 200_000 * 1.01  # each is charged all its tokens
+
+
+def _sent_at(clock: VirtualClock, sent: list[float]) -> Any:
+    def call(_messages: object) -> dict[str, object]:
+        sent.append(clock())
+        clock.advance(1.0)
+        return {"usage": {"prompt_tokens": 33_000, "completion_tokens": 100}}
+
+    return call
 
 
 def test_context_length_exceeded_retries_once_on_the_compacted_prompt(gov: lg.Governor) -> None:

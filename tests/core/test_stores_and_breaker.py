@@ -82,8 +82,9 @@ def test_rate_buckets_are_taken_all_or_nothing(store: Store) -> None:
     assert store.rate_acquire_all([requests, tokens], 0.0) == 0.0
     assert store.rate_acquire_all([requests, tokens], 0.0) == pytest.approx(2.0)  # (600 - 400) / 100
     assert [store.rate_acquire("key", 10.0, 10.0, 0.0) for _ in range(9)] == [0.0] * 9  # none was spent
-    assert store.rate_acquire_all([("big", 100.0, 500.0, 5000.0)], 0.0) == 0.0  # capped at the burst
-    assert store.rate_acquire_all([("big", 100.0, 500.0, 5000.0)], 0.0) == pytest.approx(5.0)
+    # above the burst: waits for a full bucket (not forever), then takes its whole cost
+    assert store.rate_acquire_all([("big", 100.0, 500.0, 5000.0)], 0.0) == 0.0
+    assert store.rate_acquire_all([("big", 100.0, 500.0, 5000.0)], 0.0) == pytest.approx(50.0)  # the debt
     assert store.rate_acquire_all([tokens], 2.0) == 0.0  # refilled meanwhile
 
 

@@ -243,10 +243,13 @@ def test_several_buckets_are_taken_all_or_nothing(redis_server: Any, namespace: 
     assert store.rate_acquire_all([requests, tokens], t) == pytest.approx(2.0)
     assert [store.rate_acquire("key", 10.0, 10.0, t) for _ in range(9)] == [0.0] * 9
     assert store.rate_acquire("key", 10.0, 10.0, t) == pytest.approx(0.1)
-    # a cost above the burst is capped at it: it waits for a full bucket instead of forever
+    # a cost above the burst waits for a full bucket (not forever), then takes all of it:
+    # the next caller waits out the debt, (500 + 4500) / 100 = 50 s, and no key expiry forgives it
     big = ("big", 100.0, 500.0, 5000.0)
     assert store.rate_acquire_all([big], t) == 0.0
-    assert store.rate_acquire_all([big], t) == pytest.approx(5.0)
+    assert store.rate_acquire_all([big], t) == pytest.approx(50.0)
+    assert store._redis.pttl(store._rkey("big")) >= 100_000
+    assert store.rate_acquire_all([big], t + 50.0) == 0.0
 
 
 def test_success_path_costs_one_round_trip(redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -137,6 +137,7 @@ def test_text_reply_usage_and_recorded_request(openai_server: OpenAIServer) -> N
     assert request.headers["authorization"] == "Bearer sk-t****abcd"  # never the key itself
     assert KEY not in json.dumps(request.headers)
     assert request.api_key == "sk-t****abcd"
+    assert openai_server.wait_for(1)  # stamped after the reply is written: the client may be first
     assert request.done_at is not None and request.done_at >= request.at
 
 
@@ -345,16 +346,24 @@ def test_concurrent_requests_are_all_recorded(openai_server: OpenAIServer) -> No
     client = sdk_client(openai_server)
     barrier = threading.Barrier(8)
 
+    failures: list[BaseException] = []
+
     def send() -> None:
         barrier.wait()
-        for _ in range(3):
-            client.chat.completions.create(model=MODEL, messages=USER)
+        try:
+            for _ in range(3):
+                client.chat.completions.create(model=MODEL, messages=USER)
+        except BaseException as exc:  # a thread's exception would vanish: the test reports it
+            failures.append(exc)
 
     threads = [threading.Thread(target=send) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    assert failures == []
+    # the server stamps done_at after the client may already have read the reply
+    assert openai_server.wait_for(24, timeout=30)
     requests = openai_server.completions
     assert sorted(r.number for r in requests) == list(range(1, 25))
     assert all(r.status == 200 and r.done_at is not None for r in requests)

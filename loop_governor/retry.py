@@ -49,13 +49,14 @@ class RetryLoop:
     agents on one API key then take turns instead of spending their attempts together.
     """
 
-    __slots__ = ("_planned", "after_failure", "call", "rt")
+    __slots__ = ("_counted", "_planned", "after_failure", "call", "rt")
 
     def __init__(self, rt: Runtime, call: Call, after_failure: tuple[Callable[[Call], None], ...]) -> None:
         self.rt = rt
         self.call = call
         self.after_failure = after_failure
         self._planned: tuple[int, float] = (0, 0.0)
+        self._counted = 0  # the last attempt number whose throttle was judged
 
     def _retry(self, exc: BaseException) -> bool:
         """``retry`` predicate: classify this attempt's failure, let the attempt policies
@@ -65,8 +66,6 @@ class RetryLoop:
         call = self.call
         call.exc = exc
         call.info = info = self.rt.classify(exc, call.name, call.policy)
-        if call.waits_out_throttle:
-            call.throttles += 1
         for moment in self.after_failure:
             moment(call)
         return info.error_type is ErrorType.TRANSIENT or call.pending is not None
@@ -96,6 +95,13 @@ class RetryLoop:
         if call.pending is not None:
             return False  # one retry with the compacted prompt, whatever the attempt count
         policy, info = call.policy, call.info
+        if call.waits_out_throttle and self._counted < state.attempt_number:
+            self._counted = state.attempt_number  # once per attempt, whichever asks first
+            # A turn waited for is not an attempt; a throttle with nothing to wait (no
+            # backoff configured, Retry-After: 0) is one: free, it would call the
+            # throttling endpoint again at once, forever (waited_s would never grow).
+            if self._delay(state) > 0:
+                call.throttles += 1
         if call.attempt - int(call.compacted) - call.throttles >= policy.max_attempts:
             call.stop_reason = "attempts"
             return True

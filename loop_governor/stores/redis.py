@@ -177,7 +177,7 @@ return 1
 # Token buckets, all or nothing (loop_governor.ratelimit.take_all): every bucket is
 # refilled; if each holds its cost (capped at its burst) all are debited their whole cost
 # (a bucket may go into debt), else none is and the longest wait is returned. A clock
-# that steps back neither refills nor rewinds.
+# that steps back neither refills nor rewinds. A key lives at least twice its refill time.
 # KEYS: buckets. ARGV: now, then per bucket: rate_per_s, burst, cost, ttl_ms.
 # Reply: seconds to wait ('0' = admitted).
 _RATE_LUA = """
@@ -200,7 +200,10 @@ for i, key in ipairs(KEYS) do
   local t = tokens[i]
   if wait == 0 then t = t - tonumber(ARGV[4 * i]) end
   redis.call('HSET', key, 't', string.format('%.17g', t), 'ts', string.format('%.17g', stamps[i]))
-  redis.call('PEXPIRE', key, ARGV[4 * i + 1])
+  -- a debt left by an earlier, larger request outlives this request's own TTL: the key
+  -- must not expire (a full bucket) before the bucket has refilled
+  local refill = 2000 * (tonumber(ARGV[4 * i - 1]) - t) / tonumber(ARGV[4 * i - 2])
+  redis.call('PEXPIRE', key, string.format('%.0f', math.max(tonumber(ARGV[4 * i + 1]), math.ceil(refill))))
 end
 return string.format('%.17g', wait)
 """

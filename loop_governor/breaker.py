@@ -66,6 +66,9 @@ ADMIT_DIRTY = Admission(True, dirty=True)
 
 Transition = tuple[BreakerState, BreakerState]
 
+# How often a call that waits behind another caller's half-open probe asks again.
+_PROBE_POLL_S = 1.0
+
 
 def admit(rec: BreakerRecord, now: float, policy: BreakerPolicy) -> tuple[Admission, BreakerRecord, Transition | None]:
     """Decide admission; returns the admission, the new record and any state change."""
@@ -128,16 +131,22 @@ def force(state: BreakerState | str, now: float) -> BreakerRecord:
 class Breaker(AttemptPolicy):
     """The call's breaker (per tool, per model endpoint), consulted on every attempt.
 
-    A first attempt may be admitted as the half-open probe; a retry never is: it runs
-    only while the breaker is closed (another caller's failures may have opened it during
-    our backoff). A permanent failure is an answer -- the service is up -- so it counts
-    as a success for the breaker, and so does a throttle (429: the service is up and
-    pacing us; counting it would turn seconds of pacing into a cooldown for the whole
-    fleet); transient and fatal ones count against it.
+    A first attempt may be admitted as the half-open probe. A retry runs only while the
+    breaker is closed (another caller's failures may have opened it during our backoff),
+    unless the call may wait (below). A permanent failure is an answer -- the service is
+    up -- so it counts as a success for the breaker; transient and fatal ones count
+    against it. A throttle (429) is neutral: the service is up and pacing us, so it
+    neither opens the breaker (seconds of pacing would become a cooldown for the whole
+    fleet) nor resets its count of consecutive failures (a gateway answering some
+    requests of an outage with 429 would keep it closed); a throttled probe closes it.
 
     A call that may wait (``max_wait``: model calls) and has no fallback left waits for
     an open breaker's cooldown when it ends within the wait left, then goes in as the
-    probe: failing instead would end the agent's step with nowhere else to go.
+    probe: failing instead would end the agent's step with nowhere else to go. Behind
+    another caller's half-open probe it polls (every ``_PROBE_POLL_S``) rather than
+    sleeping until that probe would go stale, so it goes in soon after the probe closes
+    the breaker. Before a waiting retry takes the probe it checks the task's retry
+    budget: a retry the budget then refuses must not hold the probe.
     """
 
     __slots__ = ("rt",)
@@ -148,34 +157,48 @@ class Breaker(AttemptPolicy):
     def before_attempt(self, call: Call) -> float:
         rt, key = self.rt, call.breaker_key
         admission = call.admission
-        waits = call.policy.max_wait > 0 and not _fallback_left(call)
+        waits = call.may_wait
         if call.attempt or admission is None:  # else: admitted by the governor's fast path
-            if call.attempt and not waits and rt.store.breaker_get(key).state is not BreakerState.CLOSED:
-                raise Refused("breaker")
+            if call.attempt:
+                if not waits and rt.store.breaker_get(key).state is not BreakerState.CLOSED:
+                    raise Refused("breaker")
+                if waits and self._budget_spent(call):
+                    raise Refused("budget")  # before a probe is taken, not after (RetryBudget refuses it)
             admission, transition = rt.store.breaker_admit(key, rt.clock, call.policy.breaker)
             if transition is not None:
                 self.transition(key, transition)
         if not admission.allowed:
-            if waits and 0 < admission.retry_in <= call.wait_left:
+            wait = admission.retry_in
+            if admission.state is BreakerState.HALF_OPEN:
+                wait = min(wait, _PROBE_POLL_S)  # the probe may close it any moment
+            if waits and 0 < wait <= call.wait_left:
                 call.admission = None  # ask again after the wait
-                rt.events.emit("breaker_wait", tool=call.name, delay_s=admission.retry_in)
-                return admission.retry_in
+                rt.events.emit("breaker_wait", tool=call.name, delay_s=wait)
+                return wait
             if call.attempt:
                 raise Refused("breaker")
             raise Refused("breaker", circuit_open(call.kind, call.name, admission))
         call.admission = admission
         return 0.0
 
+    def _budget_spent(self, call: Call) -> bool:
+        """Whether this retry would take a retry-budget unit that is gone (RetryBudget's rule)."""
+        scope, rt = call.scope, self.rt
+        if scope is None or call.pending is not None or call.waits_out_throttle:
+            return False
+        return rt.store.budget_used(scope.task_id) >= rt.config.task_retry_budget
+
     def after_attempt_failure(self, call: Call) -> None:
         info, admission = call.info, call.admission
         if info is None:
             return
-        answered = info.error_type is ErrorType.PERMANENT or info.throttled
-        self.record(call, answered, admission is not None and admission.probe)
+        probe = admission is not None and admission.probe
+        if not info.throttled or probe:  # a throttle is neutral, except as the probe's answer
+            self.record(call, info.error_type is ErrorType.PERMANENT or info.throttled, probe)
         call.admission = ADMIT_DIRTY
         if (
             not call.veto
-            and (call.policy.max_wait <= 0 or _fallback_left(call))
+            and not call.may_wait
             and self.rt.store.breaker_get(call.breaker_key).state is BreakerState.OPEN
         ):
             call.veto = "breaker"  # our failure (or another caller's) opened it: don't sleep for nothing
@@ -193,8 +216,3 @@ class Breaker(AttemptPolicy):
 
     def transition(self, key: str, transition: Transition) -> None:
         self.rt.events.emit("breaker", tool=key, from_state=transition[0].value, to_state=transition[1].value)
-
-
-def _fallback_left(call: Call) -> bool:
-    options = call.model
-    return options is not None and call.next_fallback < len(options.fallbacks)

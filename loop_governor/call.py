@@ -85,6 +85,7 @@ class Call:
     throttles = 0  # failed attempts that were throttles/overloads waited out (not counted as attempts)
     started = 0.0
     waited_s = 0.0
+    waited_before = 0.0  # waited_s when the call moved to its current endpoint
     usage: Usage | None = None
     fallback_from: str | None = None
     next_fallback = 0
@@ -201,18 +202,39 @@ class Call:
         self.veto = None
         self.compacted = False
         self.throttles = 0
+        self.waited_before = self.waited_s  # the fallback's wait limit is its own
+
+    @property
+    def fallback_left(self) -> bool:
+        """Whether another model may still answer this call (its fallbacks not yet tried)."""
+        options = self.model
+        return options is not None and self.next_fallback < len(options.fallbacks)
+
+    @property
+    def may_wait(self) -> bool:
+        """Whether this call waits for its turn (``max_wait``) rather than handing back:
+        not while a fallback is left -- that is what fallbacks are for."""
+        return self.policy.max_wait > 0 and not self.fallback_left
 
     @property
     def wait_left(self) -> float:
-        """Seconds this call may still wait for its turn (``max_wait`` less what it waited)."""
-        return self.policy.max_wait - self.waited_s
+        """Seconds this call may still wait for its turn: what is left of ``max_wait`` on
+        this endpoint, and of the task's ``max_wall_s``."""
+        left = self.policy.max_wait - (self.waited_s - self.waited_before)
+        scope = self.scope
+        if scope is not None:
+            governor = scope.governor
+            wall = governor.config.max_wall_s
+            if wall is not None:
+                left = min(left, wall - (governor.clock() - scope.started_at))
+        return left
 
     @property
     def waits_out_throttle(self) -> bool:
         """Whether the last failure is a throttle or an overload this call waits out
-        (``max_wait``) instead of spending an attempt on it."""
+        instead of spending an attempt on it."""
         info = self.info
-        return info is not None and (info.throttled or info.overloaded) and self.policy.max_wait > 0
+        return info is not None and (info.throttled or info.overloaded) and self.may_wait
 
 
 @dataclass(frozen=True, slots=True)

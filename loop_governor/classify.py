@@ -295,7 +295,20 @@ _MSG_STATUS = re.compile(
     r"\b(?:status(?:[ _]code)?|error code|http(?:/\d(?:\.\d)?)?|response code|returned)\s*[:=]?\s*\(?([1-5]\d\d)\b",
     re.I,
 )
-_MSG_RETRY_IN = re.compile(r"(?:try again|retry) in (\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?)\b", re.I)
+# "Please try again in 20s" / "in 120ms" / "in 7m12s" (OpenAI's per-day limits) / "in 2 minutes"
+_RETRY_UNIT = r"(ms|milliseconds?|seconds?|secs?|s|minutes?|mins?|m|hours?|h)(?![a-z])"
+_MSG_RETRY_IN = re.compile(r"(?:try again|retry) in ((?:\d+(?:\.\d+)?\s*" + _RETRY_UNIT + r"\s*)+)", re.I)
+_RETRY_PART = re.compile(r"(\d+(?:\.\d+)?)\s*" + _RETRY_UNIT, re.I)
+
+
+def _unit_seconds(unit: str) -> float:
+    u = unit.lower()
+    if u.startswith(("ms", "milli")):
+        return 0.001
+    if u.startswith("h"):
+        return 3600.0
+    return 60.0 if u.startswith("m") else 1.0
+
 
 _PERMISSION_CODES = frozenset({"permission_error", "permission_denied"})
 
@@ -311,7 +324,7 @@ _THROTTLE_CODES = frozenset(
 )
 _THROTTLE_TYPES = frozenset({"ratelimiterror", "toomanyrequests", "resourceexhausted", "throttlingexception"})
 _OVERLOAD_CODES = frozenset({"overloaded_error", "overloaded", "engine_overloaded"})
-_OVERLOAD_TEXT = re.compile(r"overload|over capacity|slow down|server is busy|try again later", re.I)
+_OVERLOAD_TEXT = re.compile(r"overload|over capacity|slow down|server is busy", re.I)
 
 # Chain attributes beyond __cause__/__context__: tenacity, google-api-core, urllib,
 # urllib3, SQLAlchemy and aiohttp keep the underlying error under these names.
@@ -516,8 +529,7 @@ def _raw_retry_after(exc: BaseException, text: str) -> float | None:
                 continue
     match = _MSG_RETRY_IN.search(text)
     if match:
-        value = float(match.group(1))
-        return value / 1000.0 if match.group(2).lower() == "ms" else value
+        return sum(float(value) * _unit_seconds(unit) for value, unit in _RETRY_PART.findall(match.group(1)))
     return None
 
 

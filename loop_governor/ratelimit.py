@@ -89,9 +89,10 @@ def _limit_text(call: Call) -> str:
 class RateLimit(AttemptPolicy):
     """Every attempt (retries too) takes its tokens from the shared buckets, or waits.
 
-    A wait longer than the call may wait -- what is left of ``max_wait`` (model calls),
-    else the retry cap -- is a refusal: the first attempt's outcome is a transient
-    ``rate_limited`` error; a retry just stops retrying.
+    A wait longer than the call may wait -- what is left of ``max_wait`` and the task's
+    ``max_wall_s`` (model calls with no fallback left: :attr:`Call.may_wait`), else the
+    retry cap -- is a refusal: the first attempt's outcome is a transient ``rate_limited``
+    error; a retry just stops retrying.
     """
 
     rated_only = True
@@ -109,7 +110,7 @@ class RateLimit(AttemptPolicy):
         wait = rt.store.rate_acquire_all(buckets, rt.clock())
         if wait <= 0:
             return 0.0
-        if wait > (call.wait_left if pol.max_wait > 0 else pol.max_delay):
+        if wait > (call.wait_left if call.may_wait else pol.max_delay):
             if call.attempt:
                 raise Refused("rate_limited")
             raise Refused("rate_limited", rate_limited(call.kind, call.name, wait, _limit_text(call)))

@@ -43,9 +43,10 @@ class RetryLoop:
     """tenacity's callbacks for one governed call (see the module docstring).
 
     A throttle (HTTP 429, a provider's rate-limit code: :attr:`ErrorInfo.throttled`) on a
-    call that may wait (``max_wait``, model calls by default) is a turn to wait for, not
-    a failed attempt: it does not count against ``max_attempts``, and its Retry-After is
-    honoured up to what is left of ``max_wait`` rather than ``retry_max_delay``. Five
+    call that may wait (:attr:`Call.may_wait`: ``max_wait``, model calls by default, once
+    no fallback is left) is a turn to wait for, not a failed attempt: it does not count
+    against ``max_attempts``, and its Retry-After is honoured up to what is left of
+    ``max_wait`` rather than ``retry_max_delay``. Five
     agents on one API key then take turns instead of spending their attempts together.
     """
 

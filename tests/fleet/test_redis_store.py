@@ -507,3 +507,16 @@ def test_recovery_completes_while_other_threads_keep_writing(own_redis_server: A
     assert not hooked.degraded and hooked.merges == rounds and writes[0] == rounds - 1
     assert peer.budget_used("t") == 1 + writes[0]
     assert peer.known_bad_count("t") == 1 + writes[0]
+
+
+def test_a_bucket_debt_outlives_the_ttl_a_later_request_sets(redis_server: Any, namespace: str) -> None:
+    """A 100k-token prompt on a 6k TPM key (rate 100/s, burst 1000) leaves a 990 s debt
+    with a TTL to match; the next (small, refused) request reset the TTL to 60 s when
+    each request set its own cost's TTL, so an idle minute forgave the debt that memory and
+    SQLite keep."""
+    store = RedisStore(redis_server.url, namespace=namespace)
+    memory = MemoryStore()
+    for s in (store, memory):
+        assert s.rate_acquire_all([("k", 100.0, 1000.0, 100_000.0)], 0.0) == 0.0
+        assert s.rate_acquire_all([("k", 100.0, 1000.0, 10.0)], 1.0) == pytest.approx(989.1)
+    assert store._redis.pttl(store._rkey("k")) >= 989_000

@@ -142,7 +142,7 @@ _NUMBER = re.compile(r"\d+")
 class _Seen:
     """One tool's latest result, with what is needed to compare the next one to it."""
 
-    __slots__ = ("_numbers", "_signature", "args", "fp", "streak")
+    __slots__ = ("_numbers", "_signature", "_text_numbers", "args", "fp", "streak")
 
     def __init__(
         self, fp: Fingerprint, args: Any, signature: tuple[int, int] | Callable[[], tuple[int, int]] | None
@@ -152,6 +152,7 @@ class _Seen:
         self._signature = signature
         self.streak = 1
         self._numbers: frozenset[str] | None = None
+        self._text_numbers: list[str] | None = None
 
     @property
     def signature(self) -> tuple[int, int] | None:
@@ -159,6 +160,12 @@ class _Seen:
         if callable(sig):
             sig = self._signature = sig()
         return sig
+
+    def text_numbers(self) -> list[str]:
+        """The numbers in the result, in order (computed once: the next result asks again)."""
+        if self._text_numbers is None:
+            self._text_numbers = _NUMBER.findall(self.fp.text[:4096])
+        return self._text_numbers
 
     def numbers(self) -> frozenset[str]:
         """The numbers the call's arguments carry (computed once, when first asked)."""
@@ -176,16 +183,18 @@ class _Seen:
             return False
         if fp.text == before.text:
             return True
+        if self.args is not None and prev.args is not None:
+            # the cheap forms are equal, so the texts differ only in their numbers, position
+            # by position: a changed number both calls' arguments carry is the batch moving
+            # on (checked first: cheaper than normalizing the arguments, and a batch is the
+            # common case of results alike but for numbers)
+            now, then = self.text_numbers(), prev.text_numbers()
+            changed = [(a, b) for a, b in zip(now, then, strict=False) if a != b]
+            if any(a in self.numbers() and b in prev.numbers() for a, b in changed):
+                return False
         mine, theirs = self.signature, prev.signature
-        if mine is not None and theirs is not None and mine[0] == theirs[0] and mine[1] != theirs[1]:
-            return False  # a new page whose answer differs (new ids) is progress
-        if self.args is None or prev.args is None:
-            return True
-        # the cheap forms are equal, so the texts differ only in their numbers, position
-        # by position: a changed number both calls' arguments carry is the batch moving on
-        now, then = _NUMBER.findall(fp.text[:4096]), _NUMBER.findall(before.text[:4096])
-        changed = [(a, b) for a, b in zip(now, then, strict=False) if a != b]
-        return not any(a in self.numbers() and b in prev.numbers() for a, b in changed)
+        # a new page whose answer differs (new ids) is progress
+        return not (mine is not None and theirs is not None and mine[0] == theirs[0] and mine[1] != theirs[1])
 
 
 class NoProgress(Policy):

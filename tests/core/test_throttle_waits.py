@@ -154,6 +154,40 @@ def test_a_refused_retry_does_not_keep_the_half_open_probe(clock: VirtualClock) 
     assert store.breaker_admit(KEY, clock, gov.model_policy(ENDPOINT).breaker)[0].allowed
 
 
+class ContextTooLong(Exception):
+    status_code = 400
+    code = "context_length_exceeded"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_compaction_with_nothing_to_cut_does_not_take_the_half_open_probe(clock: VirtualClock, mode: str) -> None:
+    """The retry after context_length_exceeded may meet an open breaker (the fleet's
+    failures). When the compactor has nothing left to cut, the call ends with the context
+    error at once -- not after waiting out the cooldown and taking the probe it never
+    sends, which left the breaker half-open with nothing in flight for one more cooldown."""
+    store = MemoryStore()
+    gov = lg.Governor(store=store, clock=clock, sleep=clock.sleep, asleep=clock.asleep, random=lambda: 0.5)
+    requests = 0
+
+    def model(_prompt: object) -> dict[str, Any]:
+        nonlocal requests
+        requests += 1
+        _open(store, gov)  # the fleet's failures open the breaker meanwhile
+        raise ContextTooLong("This model's maximum context length is 128000 tokens")
+
+    async def amodel(prompt: object) -> dict[str, Any]:
+        return model(prompt)
+
+    with pytest.raises(lg.PermanentError), gov.task("t"):
+        if mode == "sync":
+            gov.call_model(ENDPOINT, model, "hi", compact=lambda _p: None)
+        else:
+            asyncio.run(gov.acall_model(ENDPOINT, amodel, "hi", compact=lambda _p: None))
+    assert requests == 1 and clock() == 1_000.0  # no cooldown waited for a request never sent
+    clock.advance(60)
+    assert store.breaker_admit(KEY, clock, gov.model_policy(ENDPOINT).breaker)[0].probe
+
+
 # -- the task's wall budget bounds the waits -----------------------------------------------------
 
 

@@ -197,9 +197,13 @@ class Chain:
             if pending:  # the first failure, already caught: tenacity decides on it too
                 raise pending.pop()
             with _own_errors():
+                # compacted before admission: with nothing left to cut the call ends here,
+                # not after waiting out an open breaker and taking its probe
+                compacted = self._compacted(call) if call.pending is not None else None
+                self._ready(call, compacted)
                 self._admit(plan, call)
                 if call.pending is not None:
-                    self._compact(call, self._compacted(call))
+                    self._compact(call, compacted)
             call.attempt += 1
             return call.fn(*call.args, **call.kwargs)
 
@@ -232,9 +236,11 @@ class Chain:
             if pending:
                 raise pending.pop()
             with _own_errors():
+                compacted = await self._acompacted(call) if call.pending is not None else None
+                self._ready(call, compacted)
                 await self._aadmit(plan, call)
                 if call.pending is not None:
-                    self._compact(call, await self._acompacted(call))
+                    self._compact(call, compacted)
             call.attempt += 1
             return await _awaited(call.fn(*call.args, **call.kwargs))
 
@@ -318,6 +324,12 @@ class Chain:
         # A broken compactor (the caller's code, or a summarizer's backend) is not the
         # model's failure: the context error stands, and the trace says why.
         self.rt.events.emit("compaction_failed", model=call.name, error=redact(f"{type(exc).__name__}: {exc}")[:500])
+
+    def _ready(self, call: Call, compacted: Any) -> None:
+        """A compaction retry with nothing to send is refused before the attempt policies
+        admit it (an open breaker's probe, once taken, would be kept by a retry never sent)."""
+        if call.pending is not None and compacted is None:
+            self._compact(call, None)
 
     def _compact(self, call: Call, compacted: Any) -> None:
         """Run the retry after ``context_length_exceeded`` on the compacted arguments."""

@@ -170,7 +170,11 @@ class _Seen:
     def numbers(self) -> frozenset[str]:
         """The numbers the call's arguments carry (computed once, when first asked)."""
         if self._numbers is None:
-            self._numbers = frozenset(_NUMBER.findall(repr(self.args)[:4000]))
+            try:
+                text = repr(self.args)[:4000]
+            except Exception:  # the caller's repr: a guard's bookkeeping must not lose the result
+                text = ""
+            self._numbers = frozenset(_NUMBER.findall(text))
         return self._numbers
 
     def repeats(self, prev: _Seen) -> bool:

@@ -136,3 +136,22 @@ def test_rate_limit_wait_past_the_cap_is_a_transient_outcome(clock: VirtualClock
     with pytest.raises(lg.TransientError) as err:
         gov.call("slow_api", Backend())
     assert err.value.info.code == "rate_limited" and err.value.info.retry_after == 100
+
+
+class _NoRepr:
+    """An argument whose repr raises (a half-initialized client, a detached record)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_an_argument_without_a_repr_does_not_lose_the_tool_result(gov: lg.Governor) -> None:
+    """The no-progress guard reads the numbers an argument carries from its repr. A repr
+    that raises escaped the governor after the tool had run: its result (and any side
+    effect's outcome) was lost to the agent for a guard's bookkeeping."""
+    with gov.task("t"):
+        results = [
+            gov.call("search", lambda page, f: f"the result list has {page} entries of 40", page=page, f=_NoRepr())
+            for page in range(1, 3)
+        ]
+    assert results[1] == "the result list has 2 entries of 40"

@@ -34,12 +34,13 @@ class Throttled:
         self.headers = headers
         self.limit = limit
         self.requests = 0
+        self.message = "Too Many Requests"
 
     def __call__(self, _prompt: object) -> dict[str, Any]:
         self.requests += 1
         if self.requests > self.limit:
             raise StillRetrying(f"still retrying after {self.limit} requests")
-        raise HTTPError(429, "Too Many Requests", self.headers)
+        raise HTTPError(429, self.message, self.headers)
 
     async def acall(self, prompt: object) -> dict[str, Any]:
         return self(prompt)
@@ -79,6 +80,23 @@ def test_a_throttle_with_nothing_to_wait_is_an_attempt(
         else:
             asyncio.run(gov.acall_model(ENDPOINT, model.acall, "hi"))
     assert model.requests == 3  # retry_max_attempts: nothing was waited out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a waited-out throttle is free whatever its delay: with retry_base_delay=0 a "
+    "'try again in 6ms' costs 6 ms of the 120 s wait, so one call sends ~20000 requests",
+)
+def test_a_throttle_asking_for_milliseconds_is_not_an_endless_stream_of_requests(clock: VirtualClock) -> None:
+    """OpenAI's TPM limit says 'Please try again in 6ms'. With no backoff of our own
+    (retry_base_delay=0, valid config) each such throttle is a free turn that waits 6 ms,
+    so the call hammers the throttling endpoint until 120 s of sleeps add up."""
+    gov = lg.Governor(lg.GovernorConfig(retry_base_delay=0.0), clock=clock, sleep=clock.sleep, random=lambda: 0.5)
+    model = Throttled(limit=100)
+    model.message = "Rate limit reached for gpt-4o on tokens per min (TPM). Please try again in 6ms."
+    with pytest.raises(lg.AgentToolError), gov.task("t"):
+        gov.call_model(ENDPOINT, model, "hi")
+    assert model.requests <= 100
 
 
 def test_throttles_that_are_waited_out_still_do_not_spend_attempts(gov: lg.Governor, clock: VirtualClock) -> None:
@@ -152,6 +170,40 @@ def test_a_refused_retry_does_not_keep_the_half_open_probe(clock: VirtualClock) 
     assert requests == 1
     # no probe is in flight, so the next caller must be admitted as the probe
     assert store.breaker_admit(KEY, clock, gov.model_policy(ENDPOINT).breaker)[0].allowed
+
+
+class ContextTooLong(Exception):
+    status_code = 400
+    code = "context_length_exceeded"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_compaction_with_nothing_to_cut_does_not_take_the_half_open_probe(clock: VirtualClock, mode: str) -> None:
+    """The retry after context_length_exceeded may meet an open breaker (the fleet's
+    failures). When the compactor has nothing left to cut, the call ends with the context
+    error at once -- not after waiting out the cooldown and taking the probe it never
+    sends, which left the breaker half-open with nothing in flight for one more cooldown."""
+    store = MemoryStore()
+    gov = lg.Governor(store=store, clock=clock, sleep=clock.sleep, asleep=clock.asleep, random=lambda: 0.5)
+    requests = 0
+
+    def model(_prompt: object) -> dict[str, Any]:
+        nonlocal requests
+        requests += 1
+        _open(store, gov)  # the fleet's failures open the breaker meanwhile
+        raise ContextTooLong("This model's maximum context length is 128000 tokens")
+
+    async def amodel(prompt: object) -> dict[str, Any]:
+        return model(prompt)
+
+    with pytest.raises(lg.PermanentError), gov.task("t"):
+        if mode == "sync":
+            gov.call_model(ENDPOINT, model, "hi", compact=lambda _p: None)
+        else:
+            asyncio.run(gov.acall_model(ENDPOINT, amodel, "hi", compact=lambda _p: None))
+    assert requests == 1 and clock() == 1_000.0  # no cooldown waited for a request never sent
+    clock.advance(60)
+    assert store.breaker_admit(KEY, clock, gov.model_policy(ENDPOINT).breaker)[0].probe
 
 
 # -- the task's wall budget bounds the waits -----------------------------------------------------

@@ -173,12 +173,15 @@ class Breaker(AttemptPolicy):
                 wait = min(wait, _PROBE_POLL_S)  # the probe may close it any moment
             if waits and 0 < wait <= call.wait_left:
                 call.admission = None  # ask again after the wait
-                rt.events.emit("breaker_wait", tool=call.name, delay_s=wait)
+                if not call.breaker_waiting:  # not once per poll behind a half-open probe
+                    call.breaker_waiting = True
+                    rt.events.emit("breaker_wait", tool=call.name, delay_s=wait, state=admission.state.value)
                 return wait
             if call.attempt:
                 raise Refused("breaker")
             raise Refused("breaker", circuit_open(call.kind, call.name, admission))
         call.admission = admission
+        call.breaker_waiting = False
         return 0.0
 
     def _budget_spent(self, call: Call) -> bool:

@@ -86,6 +86,7 @@ class Call:
     started = 0.0
     waited_s = 0.0
     waited_before = 0.0  # waited_s when the call moved to its current endpoint
+    breaker_waiting = False  # waiting for an open (or another's half-open) breaker: one event per wait
     usage: Usage | None = None
     fallback_from: str | None = None
     next_fallback = 0

@@ -39,6 +39,21 @@ def backoff_delay(retry_index: int, policy: ResolvedPolicy, rnd: float) -> float
     return min(policy.max_delay, math.ldexp(policy.base_delay, retry_index)) * (0.5 + rnd * policy.jitter)
 
 
+# A throttle waited out waits at least _TURN_BASE_S * 2**k (k: the throttles this call
+# has waited out so far), at most _TURN_CAP_S, whatever the backoff settings: with
+# retry_base_delay=0 a provider answering "try again in 6ms" (OpenAI's TPM text) or
+# "Retry-After: 0" again and again would otherwise be sent thousands of requests within
+# one call's wait. Below the default backoff (0.8 s * 2**n, jittered down to half, capped
+# at 8 s) at every step, so the defaults and their jitter are unchanged.
+_TURN_BASE_S = 0.1
+_TURN_CAP_S = 2.0
+
+
+def turn_floor(throttles: int) -> float:
+    """The least a call waits before its next turn after ``throttles`` throttles waited out."""
+    return min(_TURN_CAP_S, math.ldexp(_TURN_BASE_S, min(throttles, 32)))
+
+
 class RetryLoop:
     """tenacity's callbacks for one governed call (see the module docstring).
 
@@ -85,6 +100,8 @@ class RetryLoop:
             retry_after = call.info.retry_after if call.info is not None else None
             if retry_after is not None:
                 delay = max(delay, retry_after)
+            if call.waits_out_throttle:
+                delay = max(delay, turn_floor(call.throttles))
         self._planned = (state.attempt_number, delay)
         return delay
 
@@ -97,12 +114,9 @@ class RetryLoop:
             return False  # one retry with the compacted prompt, whatever the attempt count
         policy, info = call.policy, call.info
         if call.waits_out_throttle and self._counted < state.attempt_number:
+            self._delay(state)  # planned on this throttle count (the floor grows with it)
             self._counted = state.attempt_number  # once per attempt, whichever asks first
-            # A turn waited for is not an attempt; a throttle with nothing to wait (no
-            # backoff configured, Retry-After: 0) is one: free, it would call the
-            # throttling endpoint again at once, forever (waited_s would never grow).
-            if self._delay(state) > 0:
-                call.throttles += 1
+            call.throttles += 1  # a turn waited for is not an attempt
         if call.attempt - int(call.compacted) - call.throttles >= policy.max_attempts:
             call.stop_reason = "attempts"
             return True

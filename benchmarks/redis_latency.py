@@ -98,8 +98,22 @@ def rate_check(url: str, rate: float, seconds: float, processes: int = 4) -> Non
     ns = f"bench-rate-{uuid.uuid4().hex[:8]}"
     burst = 5.0
     start = time.time() + 2.0  # after every worker process is up
-    cmd = [sys.executable, __file__, "--url", url, "--rate-worker", ns, "--rate", str(rate), "--seconds", str(seconds),
-           "--burst", str(burst), "--start", repr(start)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--url",
+        url,
+        "--rate-worker",
+        ns,
+        "--rate",
+        str(rate),
+        "--seconds",
+        str(seconds),
+        "--burst",
+        str(burst),
+        "--start",
+        repr(start),
+    ]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE) for _ in range(processes)]
     reports = [json.loads(p.communicate()[0].decode().strip().splitlines()[-1]) for p in procs]
     total = sum(r["admitted"] for r in reports)
@@ -157,8 +171,10 @@ def main() -> None:
                     args.calls,
                 )
             assert store.fallbacks == 0, "the store fell back during the benchmark"
-            print(f"redis {raw.info('server')['redis_version']} at {store.safe_url}, {args.calls} calls per case, "
-                  "median us per call:")
+            print(
+                f"redis {raw.info('server')['redis_version']} at {store.safe_url}, {args.calls} calls per case, "
+                "median us per call:"
+            )
             get = medians["GET"]
             for name, us in medians.items():
                 print(f"  {name:<18} {us:8.1f} us   {us / get:5.2f} x GET")

@@ -295,9 +295,17 @@ _MSG_STATUS = re.compile(
     r"\b(?:status(?:[ _]code)?|error code|http(?:/\d(?:\.\d)?)?|response code|returned)\s*[:=]?\s*\(?([1-5]\d\d)\b",
     re.I,
 )
-# "Please try again in 20s" / "in 120ms" / "in 7m12s" (OpenAI's per-day limits) / "in 2 minutes"
-_RETRY_UNIT = r"(ms|milliseconds?|seconds?|secs?|s|minutes?|mins?|m|hours?|h)(?![a-z])"
-_MSG_RETRY_IN = re.compile(r"(?:try again|retry) in ((?:\d+(?:\.\d+)?\s*" + _RETRY_UNIT + r"\s*)+)", re.I)
+# "Please try again in 20s" / "in 120ms" / "in 7m12s" (OpenAI's per-day limits) / "in 2 minutes" /
+# "in 1 hour and 30 minutes": every part is added up
+_RETRY_UNIT = r"(ms|milliseconds?|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)(?![a-z])"
+_MSG_RETRY_IN = re.compile(
+    r"(?:try again|retry) in (\d+(?:\.\d+)?\s*"
+    + _RETRY_UNIT
+    + r"(?:(?:\s*,\s*|\s+and\s+|\s*)\d+(?:\.\d+)?\s*"
+    + _RETRY_UNIT
+    + r")*)",
+    re.I,
+)
 _RETRY_PART = re.compile(r"(\d+(?:\.\d+)?)\s*" + _RETRY_UNIT, re.I)
 
 

@@ -305,11 +305,22 @@ def test_openai_minutes_retry_hint_is_read() -> None:
 
 @pytest.mark.parametrize(
     ("hint", "seconds"),
-    [("20s", 20.0), ("120ms", 0.12), ("2 minutes", 120.0), ("1h2m", 3720.0), ("1.5 seconds", 1.5)],
+    [
+        ("20s", 20.0),
+        ("120ms", 0.12),
+        ("2 minutes", 120.0),
+        ("1h2m", 3720.0),
+        ("1.5 seconds", 1.5),
+        ("1 hour and 30 minutes", 5400.0),
+        ("1 min, 30 sec", 90.0),
+        ("1 hr", 3600.0),
+        ("a moment", None),
+        ("5 months", None),
+    ],
 )
-def test_retry_hints_in_every_unit_are_read(hint: str, seconds: float) -> None:
+def test_retry_hints_in_every_unit_are_read(hint: str, seconds: float | None) -> None:
     error = HTTPError(429, f"Rate limit reached. Please try again in {hint}. Visit our docs.")
-    assert lg.classify(error).retry_after == pytest.approx(seconds)
+    assert lg.classify(error).retry_after == (None if seconds is None else pytest.approx(seconds))
 
 
 def test_a_throttled_probe_closes_the_breaker(clock: VirtualClock) -> None:

@@ -92,11 +92,11 @@ class Escalation(Policy):
         self.rt = rt
 
     def after_success(self, call: Call, result: Any) -> Any:
-        told = call.scope.told if call.scope is not None else None
-        if told:  # the tool answered: its outage (failures, breaker, rate limit) is over
-            name = call.name
-            for key in [k for k in told if k[0] in _AVAILABILITY and k[1].partition("@")[0].partition(":")[0] == name]:
-                del told[key]
+        scope = call.scope
+        if scope is not None and scope.unavailable:
+            # the tool answered: its outage (failures, breaker, rate limit) is over
+            for key in scope.unavailable.pop(call.name, ()):
+                scope.told.pop(key, None)
         return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
@@ -119,6 +119,8 @@ class Escalation(Policy):
         seen = told.get(key)
         if seen is None and not repeat:
             told[key] = (0, invocation)  # told now: the text says what a repeat will do
+            if kind in _AVAILABILITY:
+                scope.unavailable.setdefault(call.name, set()).add(key)
             return self._warn(call, error, key, limit)
         count, last = seen or (0, None)
         if invocation is not None and invocation == last:

@@ -49,6 +49,7 @@ class TaskScope:
         "tokens",
         "told",
         "tool_calls",
+        "unavailable",
     )
 
     def __init__(self, governor: Governor, task_id: str) -> None:
@@ -75,6 +76,9 @@ class TaskScope:
         # escalation: what the model was told not to repeat -> (repeats since, the last
         # tool call id counted)
         self.told: dict[tuple[str, str], tuple[int, Any]] = {}
+        # tool -> its entries of ``told`` about its availability (outage, breaker, rate
+        # limit), which its next success ends: found without a scan of ``told``
+        self.unavailable: dict[str, set[tuple[str, str]]] = {}
         self.last_invocation: Any = None  # the tool call id of the task's last governed tool call
         self.bad_calls: Any = None  # known_bad.BadCalls, made at the task's first permanent failure
         self._token: Token[TaskScope | None] | None = None

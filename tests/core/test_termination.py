@@ -73,6 +73,29 @@ def test_calls_over_a_shared_rate_limit_after_the_refusal_end_the_task(clock: Vi
     assert backend.calls == 1 and stop.value.info.code == "repeated_refusal"
 
 
+@pytest.mark.parametrize("tool", ["slow_api", "api:slow"])  # MCP-style names hold a colon
+def test_a_success_of_the_tool_ends_its_refusals_count(clock: VirtualClock, tool: str) -> None:
+    """Refused by the rate limit (told), then the tool answers: the limit lifted, and a
+    later refusal is news for the model, told afresh, not the next repeat of the old one."""
+    config = lg.GovernorConfig(tools={tool: lg.ToolPolicy(rate_limit_per_s=0.01, rate_burst=1)})
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    backend = Backend()
+    outcomes: list[str] = []
+    with gov.task("t"), pytest.raises(lg.NoProgressError):
+        for i in range(20):
+            if i == 2:
+                clock.advance(100.0)  # the bucket refills: the next call goes through
+            try:
+                gov.call(tool, backend, i)
+                outcomes.append("ok")
+            except lg.FatalError:
+                raise
+            except lg.AgentToolError:
+                outcomes.append("refused")
+    assert outcomes == ["ok", "refused", "ok", "refused", "refused"]  # the 6th refusal ends it
+    assert backend.calls == 2
+
+
 def test_per_tool_escalation_override(clock: VirtualClock) -> None:
     config = lg.GovernorConfig(tools={"lookup": lg.ToolPolicy(escalation_repeats=4)})
     gov = lg.Governor(config, clock=clock, sleep=clock.sleep)

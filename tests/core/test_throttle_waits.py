@@ -1,7 +1,7 @@
 """Waiting out throttles, overloads and open breakers on a model call -- and its bounds.
 
 A model call waits its turn rather than spending attempts (a 429 is pacing, not a
-failure), but never forever: a throttle with nothing to wait is an attempt, the wait is
+failure), but never forever: each turn waits at least 0.1 s (doubling to 2 s), the wait is
 capped by ``max_wait`` and the task's ``max_wall_s``, a fallback is taken promptly and
 gets a wait of its own, and a caller behind another's half-open probe goes in soon after
 the probe closes the breaker.
@@ -13,10 +13,13 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from lg_testing import HTTPError, VirtualClock
 
 import loop_governor as lg
 from loop_governor.breaker import BreakerState
+from loop_governor.retry import backoff_delay, turn_floor
 from loop_governor.stores.memory import MemoryStore
 
 ENDPOINT = "openai:gpt-4o"
@@ -92,6 +95,16 @@ def test_a_throttle_with_next_to_nothing_to_wait_backs_off_anyway(
     assert min(clock.sleeps) >= 0.1 and sum(clock.sleeps) <= 120.0
 
 
+@given(retry=st.integers(0, 40), earlier=st.integers(0, 40), rnd=st.floats(0.0, 1.0, exclude_max=True))
+def test_the_turn_floor_is_below_the_default_backoff_at_every_step(retry: int, earlier: int, rnd: float) -> None:
+    """The floor only lifts waits of a no-backoff configuration: with the default settings
+    (0.8 s doubling, jitter down to half, 8 s cap) every backoff is above it, so the
+    defaults' waits are as before. A call has waited out at most one throttle per retry."""
+    policy = lg.Governor().model_policy(ENDPOINT)
+    throttles = min(earlier, retry)
+    assert turn_floor(throttles) < backoff_delay(retry, policy, rnd)
+
+
 def test_throttles_that_are_waited_out_still_do_not_spend_attempts(gov: lg.Governor, clock: VirtualClock) -> None:
     """A throttle with a real wait is a free turn: more requests than attempts, within the wait."""
     model = Throttled({"retry-after": "2"})
@@ -149,6 +162,38 @@ def test_polling_behind_a_silent_probe_is_one_event_and_ends_when_the_probe_goes
     waits = [e for e in seen if e["event"] == "breaker_wait"]
     assert [(e["delay_s"], e["state"]) for e in waits] == [(1.0, "half_open")]
     assert store.breaker_get(KEY).state is BreakerState.CLOSED
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_each_wait_for_an_open_breaker_in_one_call_is_one_event(clock: VirtualClock, mode: str) -> None:
+    """The call waits out the cooldown, its probe fails (the breaker opens again), and it
+    waits out the new cooldown: two waits, two ``breaker_wait`` events (the flag that keeps
+    polls quiet is reset when the call is let in), and the second probe's answer is returned."""
+    store = MemoryStore()
+    gov = lg.Governor(store=store, clock=clock, sleep=clock.sleep, asleep=clock.asleep, random=lambda: 0.5)
+    seen: list[dict[str, Any]] = []
+    gov.subscribe(seen.append)
+    _open(store, gov)
+    clock.advance(30)
+    answers: list[BaseException | None] = [HTTPError(503, "Service Unavailable"), None]
+
+    def model(_prompt: object) -> dict[str, Any]:
+        fault = answers.pop(0)
+        if fault is not None:
+            raise fault
+        return {"content": "ok"}
+
+    async def amodel(prompt: object) -> dict[str, Any]:
+        return model(prompt)
+
+    with gov.task("t"):
+        if mode == "sync":
+            assert gov.call_model(ENDPOINT, model, "hi") == {"content": "ok"}
+        else:
+            assert asyncio.run(gov.acall_model(ENDPOINT, amodel, "hi")) == {"content": "ok"}
+    waits = [(round(e["delay_s"], 6), e["state"]) for e in seen if e["event"] == "breaker_wait"]
+    assert waits == [(30.0, "open"), (59.4, "open")]  # the second after the probe's 0.6 s backoff
+    assert not answers and store.breaker_get(KEY).state is BreakerState.CLOSED
 
 
 # -- a waiting retry and the task's retry budget -----------------------------------------------

@@ -296,12 +296,13 @@ _MSG_STATUS = re.compile(
     re.I,
 )
 # "Please try again in 20s" / "in 120ms" / "in 7m12s" (OpenAI's per-day limits) / "in 2 minutes" /
-# "in 1 hour and 30 minutes": every part is added up
+# "in 1 hour and 30 minutes": every part is added up (not across a comma: "in 10 s, 5 m
+# tokens left" is 10 s)
 _RETRY_UNIT = r"(ms|milliseconds?|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)(?![a-z])"
 _MSG_RETRY_IN = re.compile(
     r"(?:try again|retry) in (\d+(?:\.\d+)?\s*"
     + _RETRY_UNIT
-    + r"(?:(?:\s*,\s*|\s+and\s+|\s*)\d+(?:\.\d+)?\s*"
+    + r"(?:(?:\s+and\s+|\s*)\d+(?:\.\d+)?\s*"
     + _RETRY_UNIT
     + r")*)",
     re.I,

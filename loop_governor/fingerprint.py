@@ -133,16 +133,25 @@ def _norm(value: Any, walks: list[Any], depth: int = 0) -> Any:
         return value
     if depth > 8:
         return repr(kind)
-    if isinstance(value, dict) or isinstance(value, Mapping):
+    if kind is dict or isinstance(value, Mapping):
         items = []
         for k, v in value.items():
-            name = str(k)
+            name = k if type(k) is str else str(k)
+            # strings and scalars inline: they are most values, and a call each adds up
+            vkind = type(v)
+            if vkind is str:
+                normed = _spaced(v)
+            elif vkind in _SCALARS:
+                normed = v
+            else:
+                normed = _norm(v, walks, depth + 1)
             if name.lower() in WALK_KEYS:
-                walks.append((name, _norm(v, walks, depth + 1)))
+                walks.append((name, normed))
                 items.append((name, _WALKING))
             else:
-                items.append((name, _norm(v, walks, depth + 1)))
-        return tuple(sorted(items))
+                items.append((name, normed))
+        items.sort()
+        return tuple(items)
     if isinstance(value, (list, tuple)):
         return tuple([_norm(v, walks, depth + 1) for v in value])
     if isinstance(value, str):
@@ -157,7 +166,7 @@ def args_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[in
     hashes: two calls that differ only in where they walk share the first."""
     walks: list[Any] = []
     try:
-        masked = hash((_norm(args, walks), _norm(kwargs, walks)))
+        masked = hash((_norm(args, walks), _norm(kwargs, walks) if kwargs else ()))
         return masked, hash(tuple(sorted(walks))) if walks else 0
     except Exception:  # an argument whose repr or hash fails: compare it by identity
         return hash((id(args), id(kwargs))), 0

@@ -210,6 +210,25 @@ class Breaker(AttemptPolicy):
         admission = call.admission
         if admission is not None and admission.dirty:
             self.record(call, True, admission.probe)
+            if admission.probe:
+                call.admission = ADMIT  # answered: nothing left to hand back
+
+    def after_attempt_cancelled(self, call: Call) -> None:
+        """A half-open probe cancelled in flight gave no verdict. Held, it would keep every
+        other caller out for a cooldown; handed back, the next caller probes at once:
+        recorded as a failed probe as of one cooldown ago (the stores' own atomic update,
+        so the breaker reopens with its cooldown already over). A probe held past a
+        cooldown may have been replaced as stale: the newer probe is then the one handed
+        back, and at worst two probes run at once."""
+        admission = call.admission
+        if admission is None or not admission.probe:
+            return
+        call.admission = None
+        rt, key, policy = self.rt, call.breaker_key, call.policy.breaker
+        if rt.store.breaker_get(key).state is not BreakerState.HALF_OPEN:
+            return  # nothing to hand back (an operator forced it, or the probe went stale)
+        rt.store.breaker_record(key, False, True, rt.clock() - policy.cooldown_s, policy)
+        rt.events.emit("breaker_probe_abandoned", tool=key)
 
     def record(self, call: Call, ok: bool, probe: bool) -> None:
         rt = self.rt

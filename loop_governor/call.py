@@ -302,6 +302,11 @@ class AttemptPolicy:
     def after_attempt_success(self, call: Call) -> None:
         return None
 
+    def after_attempt_cancelled(self, call: Call) -> None:
+        """The attempt in flight was cancelled (``CancelledError``, ``KeyboardInterrupt``...):
+        no verdict; hand back what it held. Must not raise: the cancellation goes on."""
+        return None
+
 
 def overrides(policy: object, base: type, name: str) -> bool:
     """Whether ``policy`` has its own ``name`` moment (the chain skips those it lacks)."""

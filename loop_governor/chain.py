@@ -70,6 +70,7 @@ class Plan:
     """The overridden moments of the policies that apply to one kind of call."""
 
     __slots__ = (
+        "after_attempt_cancelled",
         "after_attempt_failure",
         "after_attempt_success",
         "after_failure",
@@ -90,6 +91,7 @@ class Plan:
         self.before_retry = moments(attempts, AttemptPolicy, "before_attempt")
         self.after_attempt_failure = moments(attempts, AttemptPolicy, "after_attempt_failure")
         self.after_attempt_success = moments(attempts, AttemptPolicy, "after_attempt_success")
+        self.after_attempt_cancelled = moments(attempts, AttemptPolicy, "after_attempt_cancelled")
 
 
 class Chain:
@@ -140,6 +142,10 @@ class Chain:
             except PassThrough as passed:
                 foreign = passed.exc
                 break
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    self._cancelled(call)
+                raise
             for moment in plan.after_success:
                 result = moment(call, result)
             return result
@@ -162,6 +168,10 @@ class Chain:
             except PassThrough as passed:
                 foreign = passed.exc
                 break
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    self._cancelled(call)
+                raise
             for moment in plan.after_success:
                 result = moment(call, result)
             return result
@@ -276,6 +286,15 @@ class Chain:
                 wait = moment(call)
 
     # -- shared steps ------------------------------------------------------------------
+
+    def _cancelled(self, call: Call) -> None:
+        """Cancellation (or an interpreter exit) passed through the call: the attempt
+        policies hand back what the attempt held (the breaker's half-open probe)."""
+        for moment in self.plan(call).after_attempt_cancelled:
+            try:
+                moment(call)
+            except Exception:  # the cancellation, not our bookkeeping, goes on
+                continue
 
     def _open(self, plan: Plan, call: Call) -> Resumed | None:
         """The call policies' ``before``: a refusal is the call's outcome at once."""

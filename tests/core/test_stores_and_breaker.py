@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -63,6 +64,53 @@ def test_stale_probe_is_replaced(store: Store) -> None:
     assert not again.allowed
     later, _ = store.breaker_admit("t", lambda: 20.0, POLICY)  # the first probe never reported
     assert later.allowed and later.probe
+
+
+class Interrupted(BaseException):
+    """Stands for a cancellation the governor must let through: it is never retried."""
+
+
+def _open_then_cool(gov: lg.Governor, clock: VirtualClock, key: str, kind: str) -> None:
+    policy = gov.rt.policy(kind, key.removeprefix("model:")).breaker
+    for _ in range(policy.failure_threshold):
+        gov.store.breaker_record(key, False, False, clock(), policy)
+    clock.advance(policy.cooldown_s + 1)
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, asyncio.CancelledError, Interrupted])
+@pytest.mark.parametrize("kind", ["tool", "model"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_cancelled_probe_hands_the_probe_back(
+    store: Store, interrupt: type[BaseException], kind: str, mode: str
+) -> None:
+    """The half-open probe is cancelled in flight (Ctrl-C, a task cancelled, a timeout):
+    it gave no verdict. Held, it would keep every caller out for one more cooldown; the
+    next caller probes at once instead, and the cancellation goes on as it came."""
+    clock = VirtualClock()
+    gov = lg.Governor(store=store, clock=clock, sleep=clock.sleep, asleep=clock.asleep)
+    seen: list[dict[str, object]] = []
+    gov.subscribe(seen.append)
+    name = "svc" if kind == "tool" else "openai:gpt-4o"
+    key = name if kind == "tool" else f"model:{name}"
+    _open_then_cool(gov, clock, key, kind)
+
+    def cancelled(*_: object) -> str:
+        raise interrupt
+
+    def answers(*_: object) -> str:
+        return "ok"
+
+    call = gov.call if kind == "tool" else gov.call_model
+    acall = gov.acall if kind == "tool" else gov.acall_model
+    with pytest.raises(interrupt):
+        if mode == "sync":
+            call(name, cancelled, "x")
+        else:
+            asyncio.run(acall(name, cancelled, "x"))
+    assert store.breaker_get(key).state is not BreakerState.HALF_OPEN
+    assert [e["tool"] for e in seen if e["event"] == "breaker_probe_abandoned"] == [key]
+    assert call(name, answers, "x") == "ok"  # at once: no cooldown to wait out
+    assert store.breaker_get(key).state is BreakerState.CLOSED
 
 
 def test_task_state(store: Store) -> None:

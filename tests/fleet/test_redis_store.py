@@ -520,3 +520,22 @@ def test_a_bucket_debt_outlives_the_ttl_a_later_request_sets(redis_server: Any, 
         assert s.rate_acquire_all([("k", 100.0, 1000.0, 100_000.0)], 0.0) == 0.0
         assert s.rate_acquire_all([("k", 100.0, 1000.0, 10.0)], 1.0) == pytest.approx(989.1)
     assert store._redis.pttl(store._rkey("k")) >= 989_000
+
+
+def test_a_cancelled_probe_is_handed_back_fleet_wide(store: Any) -> None:
+    """On Redis too: a probe cancelled in flight lets the next caller (any process) probe
+    at once, through the stores' own atomic record (no cooldown left to wait out)."""
+    clock = FakeClock(1000.0)
+    gov = lg.Governor(lg.GovernorConfig(breaker_failure_threshold=3), store=store, clock=clock)
+    policy = gov.rt.policy("tool", "svc").breaker
+    for _ in range(3):
+        store.breaker_record("svc", False, False, clock(), policy)
+    clock.now += policy.cooldown_s + 1
+
+    def cancelled() -> str:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        gov.call("svc", cancelled)
+    admission = store.breaker_admit("svc", clock, policy)[0]
+    assert admission.allowed and admission.probe  # another caller, at the same instant

@@ -140,6 +140,7 @@ class Chain:
                     continue
                 raise self._close_failed(plan, call, failed.error) from failed.cause
             except PassThrough as passed:
+                self._cancelled(call)  # no verdict either: a probe it held is handed back
                 foreign = passed.exc
                 break
             except BaseException as exc:
@@ -166,6 +167,7 @@ class Chain:
                     continue
                 raise self._close_failed(plan, call, failed.error) from failed.cause
             except PassThrough as passed:
+                self._cancelled(call)  # no verdict either: a probe it held is handed back
                 foreign = passed.exc
                 break
             except BaseException as exc:
@@ -288,8 +290,9 @@ class Chain:
     # -- shared steps ------------------------------------------------------------------
 
     def _cancelled(self, call: Call) -> None:
-        """Cancellation (or an interpreter exit) passed through the call: the attempt
-        policies hand back what the attempt held (the breaker's half-open probe)."""
+        """Cancellation (or an interpreter exit), or a foreign exception (PassThrough),
+        passed through the call without a verdict: the attempt policies hand back what the
+        attempt held (the breaker's half-open probe)."""
         for moment in self.plan(call).after_attempt_cancelled:
             try:
                 moment(call)

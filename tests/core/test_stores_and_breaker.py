@@ -17,6 +17,7 @@ from lg_testing import Backend, HTTPError, VirtualClock
 
 import loop_governor as lg
 from loop_governor.breaker import BreakerPolicy, BreakerState
+from loop_governor.call import PassThrough
 from loop_governor.stores import MemoryStore, SQLiteStore, Store, store_from_url
 
 POLICY = BreakerPolicy(failure_threshold=3, cooldown_s=10.0)
@@ -110,6 +111,29 @@ def test_a_cancelled_probe_hands_the_probe_back(
     assert store.breaker_get(key).state is not BreakerState.HALF_OPEN
     assert [e["tool"] for e in seen if e["event"] == "breaker_probe_abandoned"] == [key]
     assert call(name, answers, "x") == "ok"  # at once: no cooldown to wait out
+    assert store.breaker_get(key).state is BreakerState.CLOSED
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_probe_that_passes_a_foreign_exception_through_hands_the_probe_back(store: Store, mode: str) -> None:
+    """A probe ended by ``PassThrough`` (the LangChain middleware's: an inner middleware
+    or the structured-output parser raised, not the model) gave no verdict either: the
+    breaker neither counts it nor stays half-open for a cooldown."""
+    clock = VirtualClock()
+    gov = lg.Governor(store=store, clock=clock, sleep=clock.sleep, asleep=clock.asleep)
+    key = "model:openai:gpt-4o"
+    _open_then_cool(gov, clock, key, "model")
+
+    def parser_failed(*_: object) -> str:
+        raise PassThrough(ValueError("not the model's"))
+
+    with pytest.raises(ValueError, match="not the model's"):
+        if mode == "sync":
+            gov.call_model("openai:gpt-4o", parser_failed, "x")
+        else:
+            asyncio.run(gov.acall_model("openai:gpt-4o", parser_failed, "x"))
+    assert store.breaker_get(key).state is not BreakerState.HALF_OPEN
+    assert gov.call_model("openai:gpt-4o", lambda *_: "ok", "x") == "ok"  # at once
     assert store.breaker_get(key).state is BreakerState.CLOSED
 
 

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 import loop_governor as lg
 from langchain_governor import GovernedToolError, GovernorMiddleware, govern_tool, govern_tools
+from loop_governor.breaker import BreakerState
 
 MODES = pytest.mark.parametrize("mode", ["sync", "async"])
 
@@ -102,6 +103,32 @@ def test_an_invalid_resume_value_leaves_a_governed_tools_interrupt_open(mode: st
 
     done = invoke(graph, mode, Command(resume={pending.id: {"approved": True}}), config)
     assert done["messages"][-1].content == "approved=True"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review-11: the interrupt is carried through the governor as the call's value, so a "
+    "half-open probe that only asked a human closes the breaker (the service never answered)",
+)
+def test_an_interrupt_during_a_half_open_probe_does_not_close_the_breaker(governor: lg.Governor) -> None:
+    @tool
+    def ask_human() -> str:
+        """Ask a human for approval, then call a service."""
+        return f"approved={interrupt('Approve?')}"
+
+    policy = governor.rt.policy("tool", "ask_human").breaker
+    for _ in range(policy.failure_threshold):
+        governor.store.breaker_record("ask_human", False, False, governor.rt.clock(), policy)
+    governor.rt.sleep(policy.cooldown_s + 1)  # the cooldown is over: the next call is the probe
+    graph = (
+        StateGraph(MessagesState)
+        .add_node("tools", ToolNode([govern_tool(ask_human, governor)]))
+        .add_edge(START, "tools")
+        .compile(checkpointer=InMemorySaver())
+    )
+    call = AIMessage(content="", tool_calls=[{"name": "ask_human", "args": {}, "id": "c1", "type": "tool_call"}])
+    assert invoke(graph, "sync", {"messages": [call]}, thread("probe"))["__interrupt__"]
+    assert governor.store.breaker_get("ask_human").state is not BreakerState.CLOSED
 
 
 def test_hitl_inside_the_governor_rejects_a_bad_answer_without_using_up_the_interrupt(

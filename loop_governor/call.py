@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, result_text
+from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, args_text, result_text
 from loop_governor.keys import call_key
 from loop_governor.scope_vars import _CALL_META
 
@@ -93,6 +93,7 @@ class Call:
     warned = False  # a guard already told the model about this call (one note per result)
     _same_decision: bool | None = None
     _args_shape: int | None = None
+    _args_text: str | None = None
     _fingerprint: Fingerprint | None = None
     _args_sig: tuple[int, int] | None = None
 
@@ -153,16 +154,19 @@ class Call:
         """The arguments with every digit dropped: "the same call but for a number" (the
         next flight, another line range) shares it."""
         if self._args_shape is None:
-            self._args_shape = args_shape(self.args, self.kwargs)
+            text = self.args_text
+            # arguments without a repr: a shape of their own (their identity)
+            self._args_shape = args_shape(text) if text else hash((id(self.args), id(self.kwargs)))
         return self._args_shape
 
     @property
     def args_text(self) -> str:
-        """The arguments as text (for :func:`~loop_governor.fingerprint.walks`)."""
-        try:
-            return repr((self.args, dict(self.kwargs)))[:8192]
-        except Exception:
-            return ""
+        """The arguments as text ("" when an argument's repr fails), computed once: the
+        shape and :func:`~loop_governor.fingerprint.walks` both read it."""
+        text = self._args_text
+        if text is None:
+            text = self._args_text = args_text(self.args, self.kwargs) or ""
+        return text
 
     @property
     def same_decision(self) -> bool:

@@ -172,13 +172,18 @@ def args_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[in
         return hash((id(args), id(kwargs))), 0
 
 
-def args_shape(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
-    """The arguments' text with digits dropped and whitespace collapsed, as one hash."""
+def args_text(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    """The arguments as text, bounded (None: an argument's repr failed)."""
     try:
-        text = " ".join(repr((args, dict(kwargs)))[:8192].split())
+        return repr((args, dict(kwargs)))[:8192]
     except Exception:
-        return hash((id(args), id(kwargs)))
-    return hash(text.encode("utf-8", "surrogatepass").translate(None, _DIGITS))
+        return None
+
+
+def args_shape(text: str) -> int:
+    """The arguments' text (:func:`args_text`) with digits dropped and whitespace
+    collapsed, as one hash."""
+    return hash(" ".join(text.split()).encode("utf-8", "surrogatepass").translate(None, _DIGITS))
 
 
 _NUMBER = re.compile(r"\d+")

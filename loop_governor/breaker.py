@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from loop_governor.budget import retry_takes_unit
 from loop_governor.call import AttemptPolicy, Call, Refused
 from loop_governor.errors import ErrorType
 from loop_governor.outcome import circuit_open
@@ -187,7 +188,7 @@ class Breaker(AttemptPolicy):
     def _budget_spent(self, call: Call) -> bool:
         """Whether this retry would take a retry-budget unit that is gone (RetryBudget's rule)."""
         scope, rt = call.scope, self.rt
-        if scope is None or call.pending is not None or call.waits_out_throttle:
+        if scope is None or not retry_takes_unit(call):
             return False
         return rt.store.budget_used(scope.task_id) >= rt.config.task_retry_budget
 

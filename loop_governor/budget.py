@@ -143,6 +143,13 @@ class TokenBudget(Policy):
         return result
 
 
+def retry_takes_unit(call: Call) -> bool:
+    """Whether the attempt ``call`` is about to make takes a unit of the task's retry
+    budget: not a first attempt, a retry after compaction (a new request) or after a
+    throttle waited out (a turn waited for, bounded by max_wait)."""
+    return call.scope is not None and call.pending is None and not call.waits_out_throttle
+
+
 class RetryBudget(AttemptPolicy):
     """The task's retry budget: each retry takes one unit, shared by all of the task's calls."""
 
@@ -155,9 +162,7 @@ class RetryBudget(AttemptPolicy):
 
     def before_attempt(self, call: Call) -> float:
         scope = call.scope
-        if scope is None or call.pending is not None or call.waits_out_throttle:
-            # a first attempt, a retry after compaction (a new request) or after a throttle
-            # (a turn waited for, bounded by max_wait): not a retry of a failure
+        if scope is None or not retry_takes_unit(call):
             return 0.0
         if not self.rt.store.budget_take(scope.task_id, self.limit):
             raise Refused("budget")  # another call of the task spent it during our sleep

@@ -26,22 +26,28 @@ from loop_governor.breaker import BreakerPolicy
 ErrorClass = Literal["transient", "permanent", "fatal"]
 
 
-class ToolPolicy(BaseModel):
-    """Per-tool overrides; ``None`` means "use the governor-wide value".
-
-    ``retry=False`` is for tools with side effects (send an email, charge a card): such a
-    call is never repeated by the governor, whatever the error.
-    """
+class _CallOverrides(BaseModel):
+    """The overrides a tool and a model endpoint share: retries, breaker, unknown errors.
+    ``None`` means "use the governor-wide value"."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    retry: bool = True
     retry_max_attempts: int | None = Field(default=None, ge=1, le=100)
     retry_base_delay: float | None = Field(default=None, ge=0)
     retry_max_delay: float | None = Field(default=None, ge=0)
     breaker_failure_threshold: int | None = Field(default=None, ge=1)
     breaker_cooldown_s: float | None = Field(default=None, gt=0)
     unknown_error: ErrorClass | None = None
+
+
+class ToolPolicy(_CallOverrides):
+    """Per-tool overrides; ``None`` means "use the governor-wide value".
+
+    ``retry=False`` is for tools with side effects (send an email, charge a card): such a
+    call is never repeated by the governor, whatever the error.
+    """
+
+    retry: bool = True
     rate_limit_per_s: float | None = Field(default=None, gt=0)
     rate_burst: int | None = Field(default=None, ge=1)
     max_wait_s: float | None = Field(
@@ -58,7 +64,7 @@ class ToolPolicy(BaseModel):
     )
 
 
-class ModelPolicy(BaseModel):
+class ModelPolicy(_CallOverrides):
     """Per model endpoint (``"openai:gpt-4o"``) or provider (``"openai"``) overrides.
 
     ``rpm`` / ``tpm`` are the provider's request and token limits for the key the
@@ -67,14 +73,6 @@ class ModelPolicy(BaseModel):
     buckets, unless ``rate_key`` names another bucket.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    retry_max_attempts: int | None = Field(default=None, ge=1, le=100)
-    retry_base_delay: float | None = Field(default=None, ge=0)
-    retry_max_delay: float | None = Field(default=None, ge=0)
-    breaker_failure_threshold: int | None = Field(default=None, ge=1)
-    breaker_cooldown_s: float | None = Field(default=None, gt=0)
-    unknown_error: ErrorClass | None = None
     rpm: float | None = Field(default=None, gt=0, description="requests per minute")
     tpm: float | None = Field(default=None, gt=0, description="tokens (prompt + completion) per minute")
     rpm_burst: int | None = Field(default=None, ge=1, description="requests at once; default one second's worth")

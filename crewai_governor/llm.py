@@ -32,10 +32,11 @@ from pydantic import PrivateAttr
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
-from crewai_governor.failures import context_overflow, model_stop
+from crewai_governor.failures import context_overflow, model_stop, stop_error
 from loop_governor.compaction import is_context_overflow
 from loop_governor.context.compact import emergency_compact
 from loop_governor.context.tokens import approx_tokens
+from loop_governor.ladder import nothing_left
 from loop_governor.usage import Usage
 
 __all__ = ["endpoint_of", "govern_llm", "governor_of_llm", "is_governed_llm"]
@@ -81,6 +82,7 @@ class _Governed:
             sink.append(dict(usage_data))
 
     def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs = _offered(self._lg_governor, kwargs)
         spec = _spec(self, messages, args, kwargs, asynchronous=False)
         try:
             return self._lg_governor.call_model(spec.endpoint, spec.attempt, messages, **spec.options)
@@ -91,6 +93,7 @@ class _Governed:
         raise _outcome(failure)  # outside the except block: no implicit chain to a 429
 
     async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs = _offered(self._lg_governor, kwargs)
         spec = _spec(self, messages, args, kwargs, asynchronous=True)
         try:
             return await self._lg_governor.acall_model(spec.endpoint, spec.attempt, messages, **spec.options)
@@ -99,6 +102,29 @@ class _Governed:
         except _Denied as denied:
             raise denied.exc from None
         raise _outcome(failure)
+
+
+def _tool_name(schema: Any) -> str:
+    if isinstance(schema, dict):
+        inner = schema.get("function")
+        return str((inner if isinstance(inner, dict) else schema).get("name", ""))
+    return str(getattr(schema, "name", ""))
+
+
+def _offered(governor: lg.Governor, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's keyword arguments with the task's withdrawn tools taken out of the tool
+    schemas the model is offered (the ladder's step before a stop,
+    :mod:`loop_governor.ladder`); when none is left, the run stops here."""
+    tools = kwargs.get("tools")
+    scope = governor.current_task() if tools else None
+    if scope is None or not scope.withdrawn:
+        return kwargs
+    names = [_tool_name(t) for t in tools]
+    stop = nothing_left(governor.rt, scope, names)
+    if stop is not None:
+        raise stop_error(stop)
+    kept = [t for t, name in zip(tools, names, strict=True) if name not in scope.withdrawn]
+    return {**kwargs, "tools": kept} if len(kept) != len(names) else kwargs
 
 
 class _Denied(BaseException):

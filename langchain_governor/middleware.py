@@ -67,6 +67,7 @@ from langchain_governor.models import ModelCopies, describe, prompt_tokens, usag
 from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
 from loop_governor.call import PassThrough
 from loop_governor.context.compact import emergency_compact
+from loop_governor.ladder import nothing_left
 
 
 class GovernorState(AgentState[Any]):
@@ -133,6 +134,15 @@ def _amodel_only(
             raise PassThrough(exc) from None
 
     return attempt
+
+
+def tool_name(tool: Any) -> str:
+    """A model request's tool's name: a ``BaseTool``, or a provider tool dict (flat or
+    OpenAI's ``{"type": "function", "function": {...}}``)."""
+    if isinstance(tool, dict):
+        inner = tool.get("function")
+        return str((inner if isinstance(inner, dict) else tool).get("name", ""))
+    return str(getattr(tool, "name", ""))
 
 
 class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
@@ -269,8 +279,11 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     # -- model calls --------------------------------------------------------------------
 
     def _prepare(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
-        """The request the model sees: pruned, and sent through the governed model copy."""
+        """The request the model sees: without the tools the governor withdrew, pruned, and
+        sent through the governed model copy."""
         scope = self.governor.current_task()
+        if scope is not None and scope.withdrawn and request.tools:
+            request = self._without_withdrawn(request, scope)
         before = request.messages
         pruned = self._pruners.prune(scope.task_id if scope is not None else None, list(before))
         if pruned is not None:
@@ -278,6 +291,16 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             request = request.override(messages=pruned)
         governed, _ = self._copies(request.model)
         return request if governed is request.model else request.override(model=governed)
+
+    def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
+        """The request's tools less the withdrawn ones (the ladder's step before a stop,
+        :mod:`loop_governor.ladder`); when none is left, the run ends here."""
+        names = [tool_name(t) for t in request.tools]
+        stop = nothing_left(self.governor.rt, scope, names)
+        if stop is not None:
+            raise stop
+        kept = [t for t, name in zip(request.tools, names, strict=True) if name not in scope.withdrawn]
+        return request.override(tools=kept) if len(kept) != len(names) else request
 
     def _model_call(
         self, request: ModelRequest[Any], handler: Callable[..., Any], capture: PromptCapture

@@ -28,7 +28,13 @@ if TYPE_CHECKING:
 
 
 def _spent(
-    config: GovernorConfig, scope: TaskScope, kind: str, name: str | None, limit: int | None, now: float
+    config: GovernorConfig,
+    scope: TaskScope,
+    kind: str,
+    name: str | None,
+    limit: int | None,
+    now: float,
+    wall: float | None = None,
 ) -> tuple[str, float, float] | None:
     """The first budget this call would exceed, as (name, limit, used)."""
     if kind == MODEL:
@@ -43,6 +49,10 @@ def _spent(
             return "max_tool_calls", config.max_tool_calls, scope.tool_calls
         if limit is not None and name is not None and scope.calls_of(name) >= limit:
             return "max_calls", limit, scope.calls_of(name)
+        if wall is not None and name is not None:
+            first = scope.first_call_at.setdefault(name, now)
+            if now - first >= wall:
+                return "max_wall_s", wall, now - first
     if config.max_tokens is not None and scope.tokens >= config.max_tokens:
         return "max_tokens", config.max_tokens, scope.tokens
     if config.max_cost is not None and scope.cost >= config.max_cost:
@@ -52,12 +62,15 @@ def _spent(
     return None
 
 
-def charge(rt: Runtime, scope: TaskScope, kind: str, name: str | None, limit: int | None = None) -> None:
+def charge(
+    rt: Runtime, scope: TaskScope, kind: str, name: str | None, limit: int | None = None, wall: float | None = None
+) -> None:
     """Count one ``"model"`` or ``"tool"`` call against the task; raise
     BudgetExhaustedError (with the partial results) instead when a budget is spent.
-    ``limit`` is the tool's own ``max_calls``."""
+    ``limit`` is the tool's own ``max_calls``; ``wall`` its own ``max_wall_s`` (seconds
+    from its first call in the task: a poll's bound)."""
     if rt.limited:
-        spent = _spent(rt.config, scope, kind, name, limit, rt.clock())
+        spent = _spent(rt.config, scope, kind, name, limit, rt.clock(), wall)
         if spent is not None:
             raise _exhausted(rt, scope, name, *spent)
     if kind == MODEL:
@@ -121,7 +134,10 @@ class TaskBudget(Policy):
             scope.tool_calls += 1
             return None
         try:
-            charge(self.rt, scope, call.kind, call.name, call.policy.max_calls if call.kind == TOOL else None)
+            if call.kind == TOOL:
+                charge(self.rt, scope, TOOL, call.name, call.policy.max_calls, call.policy.max_wall)
+            else:
+                charge(self.rt, scope, call.kind, call.name)
         except BudgetExhaustedError:
             call.stop_reason = "task_budget"  # reported as budget_exhausted, not as a failed call
             raise

@@ -135,6 +135,23 @@ _FATAL_TEXT = re.compile(
     re.I | re.S,
 )
 
+# A session the agent can renew itself ("not authenticated, please log in", "session
+# expired"): the call fails until the agent logs in with its own tool, then it works --
+# permanent for that call, not fatal for the run. A key, a quota or billing the agent
+# cannot renew stays fatal (below): these texts name none of them.
+_SESSION = re.compile(
+    r"\bnot (?:yet )?(?:authenticated|logged in|signed in)\b|\bplease (?:log|sign) ?(?:in|on)\b"
+    r"|\b(?:log|sign) ?in (?:first|again|required|to continue)\b|\blogin (?:is )?required\b"
+    r"|\bsession (?:has )?(?:expired|timed out|ended|is (?:invalid|expired|closed))\b|\bsession expired\b"
+    r"|\bno (?:active |valid )?session\b|\bre-?authenticate\b|\bmust (?:be )?(?:logged|signed) in\b",
+    re.I,
+)
+_NOT_RENEWABLE = re.compile(
+    r"api[ _-]?key|x-api-key|access[ _-]?key|billing|quota|credit|payment|revoked|suspended|deactivated"
+    r"|invalid credentials|secret",
+    re.I,
+)
+
 # Provider / service error codes (lower-cased), as found in ``.code``, ``.type``, bodies,
 # botocore ``Error.Code``, gRPC status names and redis reply prefixes.
 _CODES: dict[str, ErrorType] = {}
@@ -642,6 +659,10 @@ def _link_evidence(exc: BaseException, rules: Sequence[Rule]) -> tuple[_Evidence
                 )
         except Exception:
             continue
+
+    # A session the agent renews itself (it logs in with a tool of its own): permanent.
+    if _SESSION.search(text) and not _NOT_RENEWABLE.search(text):
+        return _Evidence(_P, _S_PROVIDER, "session", status, codes[0] if codes else None), status, text
 
     # Billing / credential signals in codes or text: fatal whatever the status says.
     for code in codes:

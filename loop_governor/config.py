@@ -25,6 +25,10 @@ from loop_governor.breaker import BreakerPolicy
 
 ErrorClass = Literal["transient", "permanent", "fatal"]
 
+# A poll is bounded by construction: these apply when ToolPolicy(poll=True) sets no bound.
+POLL_MAX_CALLS = 60
+POLL_MAX_WALL_S = 600.0
+
 
 class _CallOverrides(BaseModel):
     """The overrides a tool and a model endpoint share: retries, breaker, unknown errors.
@@ -59,8 +63,26 @@ class ToolPolicy(_CallOverrides):
     )
     stateless: bool = Field(
         default=False,
-        description="the tool's answer depends on its arguments alone: a known-bad call stays known-bad even "
-        "after other calls of it succeed (by default a success retires it: a shell may succeed after an edit)",
+        description="the tool's answer depends on its arguments alone: a known-bad call stays known-bad for "
+        "the whole task (by default a success of any tool that may change state retires it: the agent may "
+        "have fixed the cause, e.g. pressed the brake pedal before starting the engine again)",
+    )
+    read_only: bool = Field(
+        default=False,
+        description="a lookup: its success changes nothing, so it does not retire other calls' failures "
+        "(by default any tool's success may have changed the world the failed call depends on)",
+    )
+    poll: bool = Field(
+        default=False,
+        description="a status poll: identical calls with identical answers are expected and never count as a "
+        f"loop; bounded instead by max_calls (default {POLL_MAX_CALLS}) and max_wall_s (default "
+        f"{POLL_MAX_WALL_S:g} s)",
+    )
+    max_wall_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds from this tool's first call in the task after which its calls are refused (hard "
+        "stop); for polls",
     )
 
 
@@ -116,9 +138,12 @@ class ResolvedPolicy:
         "max_calls",
         "max_delay",
         "max_wait",
+        "max_wall",
+        "poll",
         "rate_key",
         "rate_per_s",
         "rated",
+        "read_only",
         "stateless",
         "token_burst",
         "tokens_per_s",
@@ -143,8 +168,15 @@ class ResolvedPolicy:
             o.breaker_cooldown_s or config.breaker_cooldown_s,
         )
         self.unknown_error: ErrorClass = o.unknown_error or config.unknown_error
-        self.max_calls: int | None = o.max_calls if isinstance(o, ToolPolicy) else None
-        self.stateless: bool = o.stateless if isinstance(o, ToolPolicy) else False
+        tool = o if isinstance(o, ToolPolicy) else None
+        self.poll: bool = tool is not None and tool.poll
+        self.max_calls: int | None = None if tool is None else tool.max_calls
+        self.max_wall: float | None = None if tool is None else tool.max_wall_s
+        if self.poll:
+            self.max_calls = self.max_calls or POLL_MAX_CALLS
+            self.max_wall = self.max_wall or POLL_MAX_WALL_S
+        self.stateless: bool = tool is not None and tool.stateless
+        self.read_only: bool = tool is not None and tool.read_only
         own = o.escalation_repeats if isinstance(o, ToolPolicy) else None
         self.escalation_repeats: int = own or config.escalation_repeats
         self.tokens_per_s: float | None = None

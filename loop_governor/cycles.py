@@ -10,7 +10,10 @@ the one before it: three identical steps for ``p = 1``, two full blocks for ``p 
 Results must repeat too, so a loop that makes progress (new results) is never a cycle.
 
 The model is warned once, in the result it reads; ``escalation_repeats`` more steps of
-the same cycle end the run with :class:`~loop_governor.errors.NoProgressError`.
+the same cycle withdraw the tool (:mod:`loop_governor.ladder`: calling it anyway ends the
+run with :class:`~loop_governor.errors.NoProgressError`). A poll (``ToolPolicy(poll=True)``)
+repeats by design: its steps never match. Parallel calls of one model turn are one
+decision: a call repeating another of the same turn is not a step.
 The check is O(1) a call: one running match count per period.
 """
 
@@ -19,10 +22,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
-from loop_governor.checkpointing import stop_run
-from loop_governor.errors import AgentToolError, ErrorType, FatalError, GovernedError, NoProgressError
+from loop_governor.errors import AgentToolError, FatalError
 from loop_governor.fingerprint import Fingerprint, walks
-from loop_governor.progress import OK, Verdict, annotate, ends_text
+from loop_governor.ladder import withdraw
+from loop_governor.progress import OK, Verdict, annotate, withdraws_text
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -42,13 +45,41 @@ def _cycle(period: int) -> str:
 class CycleTracker:
     """Per-task: the last steps and, per period, how many steps in a row matched."""
 
-    __slots__ = ("_history", "_period", "_runs", "_since")
+    __slots__ = ("_decision", "_history", "_period", "_runs", "_since", "_turn")
 
     def __init__(self) -> None:
         self._history: list[tuple[str, Fingerprint, Call]] = []
         self._runs = [0] * (PERIODS[-1] + 1)
         self._period = 0  # the cycle the model was warned about (0: none)
         self._since = 0  # its steps since the warning
+        self._decision: int | None = None  # the model decision of the last step
+        self._turn: set[tuple[str, int]] = set()  # (tool, arguments) of that decision's calls, once asked
+
+    def parallel_repeat(self, call: Call, decision: int | None) -> bool:
+        """Whether ``call`` repeats a call of the same model decision (parallel calls of one
+        turn are one decision, not a cycle). Arguments are normalized only for the second
+        and later calls of a decision."""
+        if decision is None or decision != self._decision:
+            self._decision, self._turn = decision, set()
+            return False
+        turn = self._turn
+        if not turn and self._history:
+            last = self._history[-1][2]
+            turn.add((last.name, last.args_signature[0]))
+        key = (call.name, call.args_signature[0])
+        if key in turn:
+            return True
+        turn.add(key)
+        return False
+
+    def tools_of(self, period: int) -> set[str]:
+        """The tools of the last ``period`` steps (the cycle's)."""
+        return {tool for tool, _, _ in self._history[-period:]}
+
+    def reset(self) -> None:
+        """Start over (after a withdrawal: the next cycle is a new one)."""
+        self._runs = [0] * (PERIODS[-1] + 1)
+        self._period = self._since = 0
 
     def push(self, call: Call, result: Fingerprint, then: int) -> Verdict:
         history, runs, tool = self._history, self._runs, call.name
@@ -115,27 +146,36 @@ class Cycles(Policy):
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
-    def _verdict(self, call: Call, result: Fingerprint) -> Verdict:
+    def _verdict(self, call: Call, result: Fingerprint | None) -> Verdict:
+        """The cycle verdict on this step (``result`` None: a step that matches nothing)."""
         scope = call.scope
         assert scope is not None
         tracker: CycleTracker | None = scope.cycles
         if tracker is None:
             tracker = scope.cycles = CycleTracker()
+        if tracker.parallel_repeat(call, scope.decision):
+            return OK
+        if result is None or call.policy.poll:
+            result = Fingerprint(f"\x00unique\x00{id(call)}")  # a poll repeats by design: no match
         return tracker.push(call, result, call.policy.escalation_repeats)
 
     def after_success(self, call: Call, result: Any) -> Any:
+        if call.same_decision:
+            return result
         fp = call.fingerprint(result)
-        if fp is None or call.same_decision:
+        if fp is None and not call.policy.poll:
             return result
         verdict = self._verdict(call, fp)
         if verdict is OK:
             return result
         self._report(call, verdict)
         if verdict.action == "stop":
-            raise self._stop(call, verdict)
+            if call.name in call.scope.withdrawn:  # type: ignore[union-attr]  # (the scope is set: _verdict)
+                return result  # withdrawn already (no progress, for this very call)
+            return annotate(result, f"[loop-governor] {self._withdraw(call, verdict)}")
         if call.warned:
             return result  # the no-progress note already said it
-        return annotate(result, NOTE.format(cycle=_cycle(verdict.count), ends=_ends(verdict)))
+        return annotate(result, NOTE.format(cycle=_cycle(verdict.count), ends=_ends(call, verdict)))
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         if isinstance(error, FatalError) or call.same_decision:
@@ -144,30 +184,30 @@ class Cycles(Policy):
         if verdict is OK:
             return error
         self._report(call, verdict)
+        info = error.info
         if verdict.action == "stop":
-            return self._stop(call, verdict)
+            if call.name in call.scope.withdrawn:  # type: ignore[union-attr]  # (the scope is set: _verdict)
+                return error  # withdrawn already (by escalation, for this very call)
+            note = self._withdraw(call, verdict)
+            return type(error)(info.model_copy(update={"advice": note, "retryable": False}))
         if call.warned:
             return error
-        info = error.info
-        advice = f"{info.advice or ''} This call is part of a loop; {_ends(verdict)}.".strip()
+        advice = f"{info.advice or ''} This call is part of a loop; {_ends(call, verdict)}.".strip()
         return type(error)(info.model_copy(update={"advice": advice}))
 
     def _report(self, call: Call, verdict: Verdict) -> None:
-        self.rt.events.emit("cycle", tool=call.name, period=verdict.count, action=verdict.action)
+        action = "withdraw" if verdict.action == "stop" else verdict.action
+        self.rt.events.emit("cycle", tool=call.name, period=verdict.count, action=action)
 
-    def _stop(self, call: Call, verdict: Verdict) -> AgentToolError:
-        info = GovernedError(
-            error_type=ErrorType.FATAL,
-            tool=call.name,
-            code="cycle",
-            message=f"the tool calls kept repeating {_cycle(verdict.count)} with the same results after the "
-            "model was told",
-            signature=f"{call.name}:NoProgressError:cycle",
-            advice="the loop stopped making progress: stop and report what was done",
-            count=verdict.count,
-        )
-        return stop_run(self.rt, call.scope, NoProgressError(info))
+    def _withdraw(self, call: Call, verdict: Verdict) -> str:
+        call.warned = True
+        scope = call.scope
+        assert scope is not None and scope.cycles is not None
+        tools = scope.cycles.tools_of(verdict.count)
+        scope.cycles.reset()
+        why = f"the calls kept repeating {_cycle(verdict.count)} with the same results after being told"
+        return withdraw(self.rt, call, "cycle", why, tools)
 
 
-def _ends(verdict: Verdict) -> str:
-    return ends_text(verdict.remaining)
+def _ends(call: Call, verdict: Verdict) -> str:
+    return withdraws_text(verdict.remaining, call.name)

@@ -1,18 +1,16 @@
 """Escalation: every soft signal the model gets has a hard follow-up.
 
-The governor tells the model things in text -- "do not repeat this call", "this tool
-keeps failing the same way", "this tool is unavailable", "this tool is rate limited" --
-and a model may ignore text: trackers of other frameworks have reports of models
-repeating a refused call hundreds of times. So each of those signals is remembered per
-task with what it was about, and after the model has been told, ``escalation_repeats``
-more attempts at the same thing (default 2, per tool ``ToolPolicy(escalation_repeats=)``)
-end the run with :class:`~loop_governor.errors.NoProgressError` (a ``FatalError``: the
-checkpoint is saved, the partial results come with it). The text says so plainly from
-the first time ("2 more identical calls end the task").
+The governor tells the model things in text -- "do not repeat this call unchanged",
+"this tool keeps failing the same way", "this tool is unavailable", "this tool is rate
+limited" -- and a model may ignore text: trackers of other frameworks have reports of
+models repeating a refused call hundreds of times. So each of those signals is
+remembered per task with what it was about, and after the model has been told,
+``escalation_repeats`` more attempts at the same thing (default 2, per tool
+``ToolPolicy(escalation_repeats=)``) climb the ladder (:mod:`loop_governor.ladder`): the
+tool is withdrawn, and calling it anyway ends the run. The text says so from the first
+time ("2 more identical calls withdraw search_docs").
 
-What "the same thing" is, per signal -- until the tool succeeds with other arguments: a
-tool with state (a shell after an edit) may well behave differently now, so the count
-starts over:
+What "the same thing" is, per signal:
 
 * a permanent failure (then its known-bad replays): the identical call;
 * the repeated-error guard's ``LoopDetectedError``: the same error for the same call but
@@ -21,8 +19,12 @@ starts over:
 * an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
   while the tool is refused.
 
+The first two hold only while the world stands still: a success of a tool that may
+change state (the fix of a precondition) starts them over, and the retried call runs.
 The last two are about the tool's availability, not about what the model asked: any
 success of the tool ends them (a later outage is a new one the model is told about).
+Parallel calls of one model turn are one decision: they never count as repeats of each
+other, nor of a warning given in that same turn.
 """
 
 from __future__ import annotations
@@ -30,17 +32,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
-from loop_governor.errors import (
-    AgentToolError,
-    CircuitOpenError,
-    ErrorType,
-    FatalError,
-    GovernedError,
-    LoopDetectedError,
-    NoProgressError,
-)
-from loop_governor.known_bad import BadCalls
-from loop_governor.progress import ends_text
+from loop_governor.errors import AgentToolError, CircuitOpenError, ErrorType, FatalError, LoopDetectedError
+from loop_governor.ladder import withdrawn_error
+from loop_governor.progress import withdraws_text
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -83,7 +77,7 @@ def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] 
 
 
 class Escalation(Policy):
-    """Counts what the model was told not to repeat, and stops the run past the limit."""
+    """Counts what the model was told not to repeat, and withdraws the tool past the limit."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
@@ -107,30 +101,27 @@ class Escalation(Policy):
         if subject is None:
             return error
         kind, about = subject[0]
-        # in the tool's current generation: a success of the tool with other arguments
-        # since the warning means the world moved on (a shell after an edit), start over
-        memory = scope.bad_calls
-        if memory is None:
-            memory = scope.bad_calls = BadCalls()
-        memory.generations.setdefault(call.name, 0)
-        key, repeat = (kind, f"{about}@{memory.generation(call.name)}"), subject[1]
+        if kind not in _AVAILABILITY:
+            about = f"{about}@{scope.world}"  # in this world: a fix since starts it over
+        key, repeat = (kind, about), subject[1]
         told, limit = scope.told, call.policy.escalation_repeats
-        invocation = call.invocation
+        invocation, decision = call.invocation, scope.decision
         seen = told.get(key)
         if seen is None and not repeat:
-            told[key] = (0, invocation)  # told now: the text says what a repeat will do
+            told[key] = (0, invocation, decision)  # told now: the text says what a repeat will do
             if kind in _AVAILABILITY:
                 scope.unavailable.setdefault(call.name, set()).add(key)
             return self._warn(call, error, key, limit)
-        count, last = seen or (0, None)
-        if invocation is not None and invocation == last:
-            # the same tool call again (a retrying middleware around the governor), not
-            # the model asking again: nothing to count
+        count, last, last_decision = seen or (0, None, None)
+        if (invocation is not None and invocation == last) or (decision is not None and decision == last_decision):
+            # the same tool call again (a retrying middleware around the governor), or a
+            # parallel call of the same model turn: the model did not ask again after
+            # being told, nothing to count
             return self._warn(call, error, key, limit - count)
         count += 1
-        told[key] = (count, invocation)
+        told[key] = (count, invocation, decision)
         if count >= limit:
-            return self._stop(call, error, key, count)
+            return self._withdraw(call, error, key, count)
         return self._warn(call, error, key, limit - count)
 
     def _warn(self, call: Call, error: AgentToolError, key: tuple[str, str], remaining: int) -> AgentToolError:
@@ -138,20 +129,12 @@ class Escalation(Policy):
         self.rt.events.emit("escalation", tool=call.name, subject=key[0], action="warn", remaining=remaining)
         call.warned = True
         info = error.info
-        advice = f"{info.advice or ''}; {ends_text(remaining, what, whats)}".lstrip("; ")
+        advice = f"{info.advice or ''}; {withdraws_text(remaining, call.name, what, whats)}".lstrip("; ")
         return type(error)(info.model_copy(update={"advice": advice}))
 
-    def _stop(self, call: Call, error: AgentToolError, key: tuple[str, str], count: int) -> AgentToolError:
+    def _withdraw(self, call: Call, error: AgentToolError, key: tuple[str, str], count: int) -> AgentToolError:
         _, whats, code = _SUBJECTS[key[0]]
-        self.rt.events.emit("escalation", tool=call.name, subject=key[0], action="stop", count=count)
-        info = GovernedError(
-            error_type=ErrorType.FATAL,
-            tool=call.name,
-            code=code,
-            message=f"the model made {count} more {whats} to {call.name} after being told not to "
-            f"({error.info.message})",
-            signature=f"{call.name}:NoProgressError:{code}",
-            advice="the loop ignored the governor's advice: stop and report what was done",
-            count=count,
-        )
-        return NoProgressError(info)
+        self.rt.events.emit("escalation", tool=call.name, subject=key[0], action="withdraw", count=count)
+        call.warned = True
+        why = f"{count} more {whats} after being told"
+        return withdrawn_error(self.rt, call, error, code, why)

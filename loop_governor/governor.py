@@ -35,6 +35,7 @@ from loop_governor.errors import AgentToolError, CircuitOpenError, FatalError, G
 from loop_governor.escalation import Escalation
 from loop_governor.events import Subscriber, call_context
 from loop_governor.known_bad import KnownBad
+from loop_governor.ladder import Withdrawn
 from loop_governor.outcome import circuit_open
 from loop_governor.progress import NoProgress
 from loop_governor.ratelimit import RateLimit
@@ -108,6 +109,7 @@ class Governor:
             [
                 Report(rt),
                 *resume,
+                Withdrawn(rt),
                 KnownBad(rt),
                 budget.TaskBudget(rt),
                 budget.TokenBudget(rt),

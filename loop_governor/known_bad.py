@@ -1,16 +1,19 @@
-"""Known-bad calls: a call that failed permanently is not made again in the same task.
+"""Known-bad calls: a call that failed permanently is not made again -- while nothing changed.
 
 The same tool with the same arguments will fail the same way (a 404, invalid
 arguments), so the second time the model asks, the stored outcome comes back at once
 and the backend is not hit. The memory lives in the store (shared by a fleet) and, with
 checkpoints, survives a restart.
 
-Until the tool does something else: a tool with state (a shell, a database, a file
-system) may well succeed with the same arguments after another call to it changed that
-state -- a coding agent re-runs ``python reproduce.py`` after editing the file it runs.
-So a success of the same tool with other arguments retires its earlier failures in this
-task (they run again if asked); a tool without state loses nothing but one repeat call,
-and ``ToolPolicy(stateless=True)`` keeps its failures known-bad for the whole task.
+Until the world changes. A failure often names a precondition the agent can fix with
+another tool: ``startEngine`` fails with "press the brake pedal", the agent calls
+``pressBrakePedal``, then ``startEngine`` again -- and this time it must run. So a
+success of any tool that may change state (any tool not declared
+``ToolPolicy(read_only=True)``; the failed tool's own success with other arguments
+included: a shell after an edit) retires every earlier failure of the task: asked
+again, the call runs for real. A call repeated with nothing done in between is still
+answered from memory. ``ToolPolicy(stateless=True)`` says a tool's failures depend on its
+arguments alone: they stay known-bad for the whole task.
 
 The lookup is on the path of every governed call of a task that had a permanent failure,
 so :class:`BadCalls` keeps a local index: when every known-bad call of the task was
@@ -28,33 +31,29 @@ from loop_governor.runtime import Runtime
 
 
 class BadCalls:
-    """The known-bad calls this process recorded for one task, and each tool's
-    generation (how many other calls of it succeeded since)."""
+    """The known-bad calls this process recorded for one task, each with the task's world
+    (:attr:`TaskScope.world <loop_governor.scope.TaskScope.world>`) at its failure."""
 
-    __slots__ = ("generations", "local", "shapes")
+    __slots__ = ("local", "shapes")
 
     def __init__(self) -> None:
-        self.local: dict[str, tuple[str, int]] = {}  # call key -> (tool, generation at the failure)
+        self.local: dict[str, int] = {}  # call key -> the task's world at the failure
         self.shapes: set[tuple[str, int]] = set()  # (tool, normalized arguments) of those calls
-        self.generations: dict[str, int] = {}  # tools with local entries -> generation
 
-    def add(self, call: Call) -> None:
-        tool = call.name
-        generation = self.generations.setdefault(tool, 0)
-        self.local[call.key] = (tool, generation)
-        self.shapes.add((tool, call.args_signature[0]))
+    def add(self, call: Call, world: int) -> None:
+        self.local[call.key] = world
+        self.shapes.add((call.name, call.args_signature[0]))
 
     def cannot_match(self, call: Call, recorded: int) -> bool:
         """True when the task's known-bad calls were all recorded here (``recorded`` is the
         task's count) and none has this call's normalized arguments."""
         return recorded == len(self.local) and (call.name, call.args_signature[0]) not in self.shapes
 
-    def retired(self, call: Call) -> bool:
-        entry = self.local.get(call.key)
-        return entry is not None and entry[1] != self.generations.get(entry[0], 0)
-
-    def generation(self, tool: str) -> int:
-        return self.generations.get(tool, 0)
+    def retired(self, call: Call, world: int) -> bool:
+        """Whether the call's failure was recorded here in an earlier world (something that
+        may change state succeeded since): it runs again, unless the tool is stateless."""
+        recorded = self.local.get(call.key)
+        return recorded is not None and recorded != world and not call.policy.stateless
 
 
 class KnownBad(Policy):
@@ -79,15 +78,15 @@ class KnownBad(Policy):
             stored = self.rt.store.known_bad_get(scope.task_id, call.key)
             if stored is not None:
                 info = GovernedError.model_validate_json(stored)
-        if info is None or (memory is not None and memory.retired(call)):
+        if info is None or (memory is not None and memory.retired(call, scope.world)):
             return None
         call.stop_reason = "known_bad"
         raise error_from_info(info)
 
     def after_success(self, call: Call, result: Any) -> Any:
-        memory = call.scope.bad_calls if call.scope is not None else None
-        if memory is not None and call.name in memory.generations and not call.policy.stateless:
-            memory.generations[call.name] += 1  # the tool did something else: its failures retire
+        scope = call.scope
+        if scope is not None and not call.policy.read_only:
+            scope.world += 1  # it may have changed what earlier failures depended on
         return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
@@ -100,6 +99,6 @@ class KnownBad(Policy):
             scope.bad_calls = BadCalls()
         if key not in scope.bad_calls.local:
             scope.known_bad += 1
-        scope.bad_calls.add(call)
+        scope.bad_calls.add(call, scope.world)
         update_checkpoint(self.rt, scope, lambda cp: cp.record_failure(key, governed))
         return error

@@ -7,6 +7,7 @@ speaks about the endpoint, not about other tools.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from loop_governor.call import MODEL
@@ -34,6 +35,22 @@ def _elsewhere(kind: str, name: str) -> str:
     return "use another tool or continue without it"
 
 
+# A failure that names something to do first: the agent can fix the cause with another
+# tool (press the brake, log in, create the record), and then the same call is right.
+_PRECONDITION = re.compile(
+    r"\bmust\b|\bneeds? to\b|\bhas to be\b|\bfirst\b|\brequire[sd]?\b|\bbefore\b|\bplease\b|\bnot (?:yet )?"
+    r"(?:authenticated|logged in|signed in|started|running|ready|connected|enabled|activated|initiali[sz]ed|"
+    r"set up|configured|open|selected|verified|confirmed)\b|\blog ?in\b|\bsign ?in\b|\bsession\b|\bcreate it\b",
+    re.I,
+)
+
+
+def names_precondition(message: str) -> bool:
+    """Whether a failure's message names something to do first ("must be pressed", "not
+    authenticated", "not found: create it first")."""
+    return _PRECONDITION.search(message) is not None
+
+
 def advice(kind: str, name: str, info: ErrorInfo, reason: str | None, attempts: int) -> str:
     """What to do next, in one sentence the model (or operator) can act on."""
     if info.error_type is ErrorType.FATAL:
@@ -41,7 +58,12 @@ def advice(kind: str, name: str, info: ErrorInfo, reason: str | None, attempts: 
     if info.error_type is ErrorType.PERMANENT:
         if kind == MODEL:
             return f"{name} rejected the request; change the request or the model"
-        return f"do not repeat this call to {name} with the same arguments; change them or use another tool"
+        if names_precondition(info.message):
+            return (
+                f"fix what the message asks for first (for example with another tool), then calling {name} again "
+                "is the right move; repeated unchanged with nothing fixed, it fails the same way"
+            )
+        return f"repeated unchanged, this call to {name} fails the same way; change the arguments or use another tool"
     rest = _elsewhere(kind, name)
     if reason == "budget":
         return f"the retry budget of this task is spent; do not call {name} again now; " + (

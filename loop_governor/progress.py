@@ -20,26 +20,43 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
-from loop_governor.checkpointing import stop_run
-from loop_governor.errors import ErrorType, GovernedError, NoProgressError
-from loop_governor.fingerprint import Fingerprint, result_text
+from loop_governor.fingerprint import Fingerprint, result_text, walks
+from loop_governor.ladder import withdraw
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
 
-__all__ = ["NOTE", "OK", "NoProgress", "ProgressGuard", "Verdict", "annotate", "ends_text", "result_text"]
+__all__ = [
+    "NOTE",
+    "OK",
+    "NoProgress",
+    "ProgressGuard",
+    "Verdict",
+    "annotate",
+    "ends_text",
+    "result_text",
+    "withdraws_text",
+]
 
 NOTE = (
     "[loop-governor] {tool} returned the same result {count} times in a row: its verdict has not "
-    "changed. Stop revising and give your final answer now; {ends}."
+    "changed. Do something different or give your final answer now; {ends}."
 )
 
 
 def ends_text(remaining: int, what: str = "repeat", whats: str | None = None) -> str:
-    """The plain sentence every warning carries: how many more repeats end the task."""
+    """The plain sentence a last warning carries: how many more repeats end the task."""
     if remaining <= 1:
         return f"the next {what} ends the task"
     return f"{remaining} more {whats or what + 's'} end the task"
+
+
+def withdraws_text(remaining: int, tool: str, what: str = "repeat", whats: str | None = None) -> str:
+    """The plain sentence every warning carries: how many more repeats withdraw the tool
+    (the ladder's next step, :mod:`loop_governor.ladder`)."""
+    if remaining <= 1:
+        return f"the next {what} withdraws {tool} from your tools"
+    return f"{remaining} more {whats or what + 's'} withdraw {tool} from your tools"
 
 
 def annotate(result: Any, note: str) -> Any:
@@ -107,16 +124,21 @@ class ProgressGuard:
         then: int | None = None,
         args: Any = None,
         signature: tuple[int, int] | Callable[[], tuple[int, int]] | None = None,
+        decision: int | None = None,
+        args_text: Callable[[], str] | None = None,
     ) -> Verdict:
         """Feed one successful tool result (the arguments it answered, and their
         :func:`~loop_governor.fingerprint.args_signature`, or a function computing it: it is
-        needed only when a result repeats); returns what to do about it."""
+        needed only when a result repeats; the model decision the call carries out);
+        returns what to do about it."""
         if result is None:
             return OK
         fp = result if isinstance(result, Fingerprint) else Fingerprint(result)
         by_tool = self._by_tool
-        seen = _Seen(fp, args, signature)
         prev = by_tool.get(tool)
+        if prev is not None and decision is not None and prev.decision == decision:
+            return OK  # a parallel call of the same model turn: one decision, not a repeat
+        seen = _Seen(fp, args, signature, decision, args_text)
         if prev is None or not seen.repeats(prev):
             by_tool[tool] = seen  # a new verdict: no streak (triviality doesn't matter yet)
             return OK
@@ -136,23 +158,25 @@ class ProgressGuard:
         return Verdict("warn" if over == 0 else "repeat", "no_progress", streak, limit - over)
 
 
-_NUMBER = re.compile(r"\d+")
-
-
 class _Seen:
     """One tool's latest result, with what is needed to compare the next one to it."""
 
-    __slots__ = ("_numbers", "_signature", "_text_numbers", "args", "fp", "streak")
+    __slots__ = ("_signature", "_text", "args", "decision", "fp", "streak")
 
     def __init__(
-        self, fp: Fingerprint, args: Any, signature: tuple[int, int] | Callable[[], tuple[int, int]] | None
+        self,
+        fp: Fingerprint,
+        args: Any,
+        signature: tuple[int, int] | Callable[[], tuple[int, int]] | None,
+        decision: int | None = None,
+        text: Callable[[], str] | None = None,
     ) -> None:
         self.fp = fp
         self.args = args
         self._signature = signature
+        self._text = text
+        self.decision = decision
         self.streak = 1
-        self._numbers: frozenset[str] | None = None
-        self._text_numbers: list[str] | None = None
 
     @property
     def signature(self) -> tuple[int, int] | None:
@@ -161,49 +185,41 @@ class _Seen:
             sig = self._signature = sig()
         return sig
 
-    def text_numbers(self) -> list[str]:
-        """The numbers in the result, in order (computed once: the next result asks again)."""
-        if self._text_numbers is None:
-            self._text_numbers = _NUMBER.findall(self.fp.text[:4096])
-        return self._text_numbers
-
-    def numbers(self) -> frozenset[str]:
-        """The numbers the call's arguments carry (computed once, when first asked)."""
-        if self._numbers is None:
-            try:
-                text = repr(self.args)[:4000]
-            except Exception:  # the caller's repr: a guard's bookkeeping must not lose the result
-                text = ""
-            self._numbers = frozenset(_NUMBER.findall(text))
-        return self._numbers
+    def walked_from(self, prev: _Seen) -> bool:
+        """Whether the arguments differ from ``prev``'s only in numbers that walk (a line
+        range moves: ``sed -n '400,449p'`` then ``'450,499p'``)."""
+        if self._text is None or prev._text is None:
+            return False
+        return walks(prev._text(), self._text())
 
     def repeats(self, prev: _Seen) -> bool:
-        """Whether this result repeats ``prev``: equal but for numbers, unless those numbers
-        are the ones the arguments asked for ("item 4 done" for item 4 after "item 3 done"
-        for item 3 is progress through a batch; a verdict whose score alone moves is not);
-        for a call that only walked on (another page of the same query), equal outright."""
+        """Whether this result repeats ``prev``'s verdict.
+
+        A different question is progress: calls whose arguments differ in anything but a
+        walking position (page, offset, cursor, a line range) ask about other things -- five
+        cities' weather, alike but for the numbers, is five answers. So the verdict repeats
+        when the same question gets the same answer but for numbers, ids and timestamps (a
+        critic's score moves, its verdict does not), or when a walk to the next page gets
+        the very same answer.
+        """
         fp, before = self.fp, prev.fp
-        if not fp.same_as(before, full=False):
-            return False
-        if fp.text == before.text:
-            return True
-        if self.args is not None and prev.args is not None:
-            # the cheap forms are equal, so the texts differ only in their numbers, position
-            # by position: a changed number both calls' arguments carry is the batch moving
-            # on (checked first: cheaper than normalizing the arguments, and a batch is the
-            # common case of results alike but for numbers)
-            now, then = self.text_numbers(), prev.text_numbers()
-            changed = [(a, b) for a, b in zip(now, then, strict=False) if a != b]
-            if any(a in self.numbers() and b in prev.numbers() for a, b in changed):
-                return False
+        if fp.cheap != before.cheap and (fp.size > 4096 or abs(fp.size - before.size) > max(16, fp.size // 8)):
+            return False  # not the same shape: no normalization can make them equal (most calls)
         mine, theirs = self.signature, prev.signature
-        # a new page whose answer differs (new ids) is progress
-        return not (mine is not None and theirs is not None and mine[0] == theirs[0] and mine[1] != theirs[1])
+        if mine is None or theirs is None:
+            return self.args is None and prev.args is None and fp.same_as(before)
+        if mine == theirs:
+            return fp.text == before.text or fp.same_as(before)
+        if fp.text != before.text:
+            return False
+        # the very same answer to a call that only walked on (another page, a later range)
+        return mine[0] == theirs[0] or self.walked_from(prev)
 
 
 class NoProgress(Policy):
     """Feeds each successful tool result to the task's :class:`ProgressGuard`: warns the
-    model in the result, then stops the run if the verdict still does not change."""
+    model in the result, then withdraws the tool if the verdict still does not change
+    (calling it anyway ends the run, :mod:`loop_governor.ladder`)."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
@@ -214,8 +230,8 @@ class NoProgress(Policy):
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
         assert scope is not None
-        if call.same_decision:
-            return result  # a retrying middleware re-ran the same tool call
+        if call.same_decision or call.policy.poll:
+            return result  # a retrying middleware re-ran the same tool call; a poll repeats by design
         tool = call.name
         verdict = scope.progress.observe(
             tool,
@@ -223,21 +239,16 @@ class NoProgress(Policy):
             call.policy.escalation_repeats,
             (call.args, call.kwargs),
             lambda: call.args_signature,
+            scope.decision,
+            lambda: call.args_text,
         )
         if verdict is OK:
             return result
-        self.rt.events.emit("no_progress", tool=tool, count=verdict.count, action=verdict.action)
+        action = "withdraw" if verdict.action == "stop" else verdict.action
+        self.rt.events.emit("no_progress", tool=tool, count=verdict.count, action=action)
+        call.warned = True
         if verdict.action != "stop":
-            call.warned = True
-            ends = ends_text(verdict.remaining, "identical verdict")
+            ends = withdraws_text(verdict.remaining, tool, "identical verdict")
             return annotate(result, NOTE.format(tool=tool, count=verdict.count, ends=ends))
-        info = GovernedError(
-            error_type=ErrorType.FATAL,
-            tool=tool,
-            code="no_progress",
-            message=f"{tool} returned the same result {verdict.count} times in a row after the model was told",
-            signature=f"{tool}:NoProgressError:no progress",
-            advice="the loop stopped making progress: stop and report what was done",
-            count=verdict.count,
-        )
-        raise stop_run(self.rt, scope, NoProgressError(info))
+        note = withdraw(self.rt, call, "no_progress", f"it returned the same result {verdict.count} times in a row")
+        return annotate(result, f"[loop-governor] {note}")

@@ -73,7 +73,7 @@ class Runtime:
                 config.max_cost,
                 config.max_wall_s,
             )
-        ) or any(p.max_calls is not None for p in config.tools.values())
+        ) or any(p.max_calls is not None or p.max_wall_s is not None or p.poll for p in config.tools.values())
         # resolved settings per tool and per model endpoint (read on every call)
         self.tools: dict[str, ResolvedPolicy] = {}
         self.models: dict[str, ResolvedPolicy] = {}

@@ -36,6 +36,7 @@ class TaskScope:
         "checkpoint_lock",
         "cost",
         "cycles",
+        "first_call_at",
         "governor",
         "known_bad",
         "last_invocation",
@@ -50,6 +51,8 @@ class TaskScope:
         "told",
         "tool_calls",
         "unavailable",
+        "withdrawn",
+        "world",
     )
 
     def __init__(self, governor: Governor, task_id: str) -> None:
@@ -59,6 +62,14 @@ class TaskScope:
         self.tool_calls = 0
         self.model_calls = 0
         self.calls_by_tool: dict[str, int] = {}  # only tools with their own max_calls
+        self.first_call_at: dict[str, float] = {}  # only tools with their own max_wall_s (polls)
+        # How many times a tool that may change state succeeded in this task: a failure, a
+        # warning or a count recorded in an earlier world describes the world as it was
+        # (the agent may have fixed the cause: pressed the brake, logged in, edited a file).
+        self.world = 0
+        # tools withdrawn from the model for the rest of the task -> why (the step of the
+        # escalation ladder before the stop: the next call of one ends the run)
+        self.withdrawn: dict[str, tuple[str, int | None]] = {}  # tool -> (stop code, decision)
         self.known_bad = 0
         self.results: list[Any] = []
         self.results_saved = 0  # how many of ``results`` the checkpoint store already has
@@ -74,8 +85,8 @@ class TaskScope:
         )
         self.cycles: Any = None  # cycles.CycleTracker, made on first use
         # escalation: what the model was told not to repeat -> (repeats since, the last
-        # tool call id counted)
-        self.told: dict[tuple[str, str], tuple[int, Any]] = {}
+        # tool call id counted, the model decision it was told or last counted in)
+        self.told: dict[tuple[str, str], tuple[int, Any, int | None]] = {}
         # tool -> its entries of ``told`` about its availability (outage, breaker, rate
         # limit), which its next success ends: found without a scan of ``told``
         self.unavailable: dict[str, set[tuple[str, str]]] = {}
@@ -129,6 +140,14 @@ class TaskScope:
             yield self
         finally:
             _SCOPE.reset(token)
+
+    @property
+    def decision(self) -> int | None:
+        """The model decision the current tool call carries out: the tool calls one model
+        turn asked for (parallel calls) share it, and together they are one decision, never
+        "N repeats". None when the task's model calls are not governed: then every tool call
+        is a decision of its own."""
+        return self.model_calls or None
 
     def calls_of(self, tool: str) -> int:
         return self.calls_by_tool.get(tool, 0)

@@ -30,6 +30,7 @@ class ScriptedChatModel(BaseChatModel):
 
     script: Any
     prompts: list[list[BaseMessage]] = Field(default_factory=list)
+    tool_names: list[list[str]] = Field(default_factory=list)  # the tools offered, per bind (model request)
     usage: dict[str, Any] | None = None
 
     @property
@@ -37,6 +38,8 @@ class ScriptedChatModel(BaseChatModel):
         return "scripted"
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:
+        names = [t.get("name", "") if isinstance(t, dict) else getattr(t, "name", "") for t in tools or ()]
+        self.tool_names.append([str(n) for n in names])
         return self
 
     def _reply(self, messages: list[BaseMessage]) -> ChatResult:

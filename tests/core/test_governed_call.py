@@ -51,8 +51,8 @@ def test_permanent_is_not_retried_and_becomes_known_bad(gov: lg.Governor) -> Non
         assert first.value.info.model_copy(update={"advice": None}) == second.value.info.model_copy(
             update={"advice": None}
         )
-        assert "2 more identical calls end the task" in (first.value.info.advice or "")
-        assert "the next identical call ends the task" in (second.value.info.advice or "")
+        assert "2 more identical calls withdraw fetch_doc from your tools" in (first.value.info.advice or "")
+        assert "the next identical call withdraws fetch_doc from your tools" in (second.value.info.advice or "")
         with pytest.raises(lg.PermanentError):
             gov.call("fetch_doc", backend, doc=43)  # other arguments do run
         assert backend.calls == 2

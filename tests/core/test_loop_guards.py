@@ -11,7 +11,7 @@ from loop_governor.progress import ProgressGuard
 VERDICT = "The draft still lacks citations for claims 2 and 5; revise and resubmit."
 
 
-def test_never_satisfied_critic_is_warned_once_then_stopped(gov: lg.Governor) -> None:
+def test_never_satisfied_critic_is_warned_withdrawn_then_stopped(gov: lg.Governor) -> None:
     calls = []
 
     def critic(draft: str) -> str:
@@ -22,23 +22,39 @@ def test_never_satisfied_critic_is_warned_once_then_stopped(gov: lg.Governor) ->
     with gov.task("t") as scope:
         scope.add_result("draft 0")
         with pytest.raises(lg.NoProgressError) as err:
-            for round_ in range(100):  # a model that would go on forever
-                seen.append(gov.call("critic", critic, f"draft {round_}"))
-    assert len(calls) == 5  # warned at the 3rd identical verdict; 2 more end the task
+            for _ in range(100):  # a model that would go on forever, resubmitting the same draft
+                seen.append(gov.call("critic", critic, "draft 1"))
+    # warned at the 3rd identical verdict; 2 more withdraw the critic; calling it anyway ends the task
+    assert len(calls) == 5 and len(seen) == 5
     assert seen[:2] == [VERDICT, VERDICT]
     assert "verdict has not changed" in seen[2] and "final answer" in seen[2]
-    assert "2 more identical verdicts end the task" in seen[2]
-    assert "the next identical verdict ends the task" in seen[3]
+    assert "2 more identical verdicts withdraw critic from your tools" in seen[2]
+    assert "the next identical verdict withdraws critic from your tools" in seen[3]
+    assert "critic is now withdrawn" in seen[4] and "Calling it again ends the task" in seen[4]
+    assert scope.withdrawn.keys() == {"critic"}
     assert isinstance(err.value, lg.FatalError) and isinstance(err.value, lg.LoopDetectedError)
+    assert err.value.info.code == "no_progress" and "ToolPolicy(poll=True)" in err.value.info.message
     assert err.value.partial_results == ["draft 0"]
 
 
 def test_a_verdict_that_changes_only_a_number_or_time_is_no_progress(gov: lg.Governor) -> None:
     verdicts = iter(f"score {6 + i % 3}/10 at 12:0{i}:0{i}: the conclusion is still weak" for i in range(100))
+    ran = []
     with gov.task("t"), pytest.raises(lg.NoProgressError) as err:
-        for round_ in range(100):
-            gov.call("critic", lambda draft: next(verdicts), f"draft {round_}")
-    assert err.value.info.code == "no_progress" and err.value.info.count == 5
+        for _ in range(100):
+            gov.call("critic", lambda draft: ran.append(draft) or next(verdicts), "the same draft")
+    assert err.value.info.code == "no_progress" and len(ran) == 5
+
+
+def test_a_new_question_with_an_answer_alike_but_for_numbers_is_progress(gov: lg.Governor) -> None:
+    cities = ["Paris", "London", "Berlin", "Madrid", "Rome", "Oslo", "Vienna", "Prague", "Lisbon", "Dublin"]
+    with gov.task("t"):
+        for i, city in enumerate(cities):
+            answer = gov.call("get_weather", lambda c, i=i: f"Sunny, {10 + i} C, wind {i} km/h", city)
+            assert "loop-governor" not in answer  # not even warned: five cities are five answers
+        for i in range(10):  # the critic gets a new draft each round: a different question each time
+            verdict = gov.call("critic", lambda d, i=i: f"score {i}/10: the conclusion is weak", f"draft {i}")
+            assert "loop-governor" not in verdict
 
 
 def test_changing_verdicts_and_trivial_results_are_progress(gov: lg.Governor) -> None:
@@ -56,7 +72,8 @@ def test_identical_call_with_identical_result_repeated(gov: lg.Governor) -> None
     with gov.task("t"), pytest.raises(lg.NoProgressError) as err:
         for _ in range(10):
             gov.call("ls", backend, "/tmp")
-    assert backend.calls == 5 and err.value.info.code == "cycle"  # warned at the 3rd, 2 more end it
+    # warned at the 3rd, 2 more withdraw it, the next ends the task
+    assert backend.calls == 5 and err.value.info.code in {"no_progress", "cycle"}
 
 
 def test_guard_is_per_task(gov: lg.Governor) -> None:
@@ -75,7 +92,7 @@ def test_progress_guard_annotates_message_like_results() -> None:
             return Msg(update["content"])
 
     guard = ProgressGuard()
-    verdicts = [guard.observe("critic", VERDICT) for _ in range(5)]
+    verdicts = [guard.observe("critic", VERDICT) for _ in range(5)]  # the same question, or none given
     assert [v.action for v in verdicts] == ["ok", "ok", "warn", "repeat", "stop"]
     from loop_governor.progress import annotate
 

@@ -14,7 +14,6 @@ import pytest
 import loop_governor as lg
 
 
-@pytest.mark.xfail(strict=True, reason="known-bad memory outlives the cause; escalation now ends the run on it")
 def test_a_call_retried_after_the_model_fixed_its_cause_runs_again(gov: lg.Governor) -> None:
     files: dict[str, str] = {}
 
@@ -44,7 +43,6 @@ def test_paging_through_empty_pages_that_echo_the_page_is_stopped(gov: lg.Govern
             gov.call("list_orders", list_orders, customer="c-1", page=page)
 
 
-@pytest.mark.xfail(strict=True, reason="the no-progress guard counts identical answers to different questions")
 def test_a_batch_of_lookups_with_the_same_answer_is_not_a_loop(gov: lg.Governor) -> None:
     def order_status(order_id: str) -> str:
         return "Status: delivered (signed for at the front desk)"

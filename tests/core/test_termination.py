@@ -24,6 +24,17 @@ def stubborn(gov: lg.Governor, tool: str, fn: Any, *args_per_round: Any, rounds:
     return seen
 
 
+GUARD_EVENTS = frozenset({"cycle", "no_progress", "escalation", "tool_withdrawn", "loop_detected"})
+
+
+def quiet(gov: lg.Governor) -> list[dict[str, Any]]:
+    """The loop-guard events of ``gov`` from now on (a healthy run has none: not a warning,
+    not a withdrawal, not a stop)."""
+    heard: list[dict[str, Any]] = []
+    gov.subscribe(lambda e: heard.append(e) if e["event"] in GUARD_EVENTS else None)
+    return heard
+
+
 def test_a_known_bad_call_repeated_after_the_warning_ends_the_task(gov: lg.Governor) -> None:
     backend = Backend(forever=HTTPError(404, "no such booking ABC123"))
     with gov.task("t") as scope, pytest.raises(lg.NoProgressError) as stop:
@@ -52,8 +63,8 @@ def test_the_first_warning_says_plainly_what_a_repeat_does(gov: lg.Governor) -> 
             gov.call("get_booking", Backend(forever=HTTPError(404)), "X")
         with pytest.raises(lg.PermanentError) as second:
             gov.call("get_booking", Backend(), "X")
-    assert first.value.info.advice.endswith("2 more identical calls end the task")
-    assert second.value.info.advice.endswith("the next identical call ends the task")
+    assert first.value.info.advice.endswith("2 more identical calls withdraw get_booking from your tools")
+    assert second.value.info.advice.endswith("the next identical call withdraws get_booking from your tools")
 
 
 def test_calls_to_an_open_breaker_after_the_refusal_end_the_task(gov: lg.Governor, clock: VirtualClock) -> None:
@@ -92,7 +103,8 @@ def test_a_success_of_the_tool_ends_its_refusals_count(clock: VirtualClock, tool
                 raise
             except lg.AgentToolError:
                 outcomes.append("refused")
-    assert outcomes == ["ok", "refused", "ok", "refused", "refused"]  # the 6th refusal ends it
+    # told at the 4th call, withdrawn at the 6th, the 7th ends it
+    assert outcomes == ["ok", "refused", "ok", "refused", "refused", "refused"]
     assert backend.calls == 2
 
 
@@ -111,16 +123,16 @@ def test_per_tool_escalation_override(clock: VirtualClock) -> None:
                     raise
                 except lg.AgentToolError:
                     pass
-    assert attempts == {"lookup": 1 + 4, "other": 1 + 2}
+    assert attempts == {"lookup": 1 + 4 + 1, "other": 1 + 2 + 1}  # told, N more withdraw it, the next ends it
 
 
 @pytest.mark.parametrize(
     ("name", "calls", "expected"),
     [
-        ("A-B", [("search", "q"), ("open", "u")], 6),
-        ("A-B-C", [("search", "q"), ("open", "u"), ("summarize", "s")], 8),
-        ("A-B-C-D", [("search", "q"), ("open", "u"), ("summarize", "s"), ("save", "f")], 10),
-        ("within one tool", [("bash", "pytest -x"), ("bash", "git diff")], 6),
+        ("A-B", [("search", "q"), ("open", "u")], 7),
+        ("A-B-C", [("search", "q"), ("open", "u"), ("summarize", "s")], 9),
+        ("A-B-C-D", [("search", "q"), ("open", "u"), ("summarize", "s"), ("save", "f")], 11),
+        ("within one tool", [("bash", "pytest -x"), ("bash", "git diff")], 7),
     ],
 )
 def test_cycles_with_unchanged_results_end_the_task(
@@ -132,15 +144,18 @@ def test_cycles_with_unchanged_results_end_the_task(
             tool, arg = calls[i % len(calls)]
             made.append(tool)
             gov.call(tool, lambda a: f"the same output for {a.split()[0]}", arg)
-    # warned when the cycle first repeated in full, stopped 2 steps later
+    # warned when the cycle first repeated in full, its tools withdrawn 2 steps later, the
+    # next call of one ends the task
     assert len(made) == expected and stop.value.info.code == "cycle"
 
 
 def test_a_cycle_whose_results_change_is_progress(gov: lg.Governor) -> None:
     counter = iter(range(1000))
+    heard = quiet(gov)
     with gov.task("t"):
         for i in range(40):  # the same two calls, each time with new results: polling that moves
             gov.call("status" if i % 2 else "fetch", lambda a: f"new rows: {'x' * next(counter)}", "job-7")
+    assert heard == []  # not warned, not withdrawn, not stopped
 
 
 def test_walking_a_pager_that_keeps_returning_nothing_is_no_progress(gov: lg.Governor) -> None:
@@ -149,19 +164,23 @@ def test_walking_a_pager_that_keeps_returning_nothing_is_no_progress(gov: lg.Gov
         for page in range(100):
             pages.append(page)
             gov.call("list_orders", lambda **kw: "[]", customer="c1", page=page, limit=50)
-    assert len(pages) == 5 and stop.value.info.code == "cycle"
+    assert len(pages) == 6 and stop.value.info.code == "cycle"
 
 
 def test_walking_a_pager_through_real_results_is_progress(gov: lg.Governor) -> None:
+    heard = quiet(gov)
     with gov.task("t"):
         for page in range(30):
             gov.call("list_orders", lambda **kw: f"[order-{kw['page'] * 2}, order-{kw['page'] * 2 + 1}]", page=page)
+    assert heard == []  # not warned, not withdrawn, not stopped
 
 
 def test_a_batch_whose_results_echo_the_item_is_progress(gov: lg.Governor) -> None:
+    heard = quiet(gov)
     with gov.task("t"):
         for item in range(30):  # results differ only in a number, the number the call asked for
             gov.call("process", lambda n: f"item {n}: processed and stored in the archive", item)
+    assert heard == []  # not warned, not withdrawn, not stopped
 
 
 def test_a_failing_call_inside_a_cycle_counts_too(gov: lg.Governor) -> None:
@@ -182,9 +201,11 @@ def test_a_failing_call_inside_a_cycle_counts_too(gov: lg.Governor) -> None:
 
 def test_cycle_detection_can_be_switched_off(clock: VirtualClock) -> None:
     gov = lg.Governor(lg.GovernorConfig(cycle_detection=False), clock=clock, sleep=clock.sleep)
+    heard = quiet(gov)
     with gov.task("t"):
         for i in range(20):
             gov.call("search" if i % 2 else "open", lambda a: "same", "x")
+    assert heard == []  # not warned, not withdrawn, not stopped
 
 
 # -- iteration and call budgets ---------------------------------------------------------------
@@ -275,11 +296,13 @@ def test_a_line_range_walking_through_a_file_with_the_same_answer_is_no_progress
         for start in range(400, 2000, 50):
             commands.append(start)
             gov.call("bash", lambda c: "", f"sed -n '{start},{start + 49}p' models.py")
-    assert len(commands) == 5 and stop.value.info.code == "cycle"
+    assert len(commands) == 6 and stop.value.info.code == "cycle"
 
 
 def test_a_batch_over_numbered_items_is_progress(gov: lg.Governor) -> None:
+    heard = quiet(gov)
     with gov.task("t"):
         for i in range(30):
             assert gov.call("send_email", lambda to: "sent", f"user{i}@example.com") == "sent"
             gov.call("bash", lambda c: "", f"sed -i 's/a/b/' src/module{i}.py")
+    assert heard == []  # not warned, not withdrawn, not stopped

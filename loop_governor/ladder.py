@@ -1,0 +1,126 @@
+"""The last steps of the escalation ladder: withdraw the tool, then end the run.
+
+A stop ends someone's work, so the governor climbs a ladder before it takes one: it
+tells the model (a structured error or a note: "do not repeat this unchanged"), then
+answers from memory without calling the tool, then *withdraws* the tool from the model
+for the rest of the task, and only then ends the run -- when the model persists (it calls
+the withdrawn tool anyway) or nothing else is left (every tool it had is withdrawn).
+
+Withdrawal is a task fact the adapters act on where the framework allows it: LangChain's
+``GovernorMiddleware`` drops the tool from the model request's tool list, crewAI's
+governed LLM from the tool schemas it sends. Where nothing can hide the tool (a plain
+``g.call``), the model reads that the tool is withdrawn and that calling it again ends the
+task. Every withdrawal is a ``tool_withdrawn`` event (and so a span and a log line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from loop_governor.call import TOOL, Call, Policy, Resumed
+from loop_governor.checkpointing import stop_run
+from loop_governor.errors import AgentToolError, ErrorType, GovernedError, NoProgressError, PermanentError
+
+if TYPE_CHECKING:
+    from loop_governor.runtime import Runtime
+    from loop_governor.scope import TaskScope
+
+
+# stops for identical calls with identical answers: what a poll does by design
+_IDENTICAL = frozenset({"no_progress", "cycle"})
+
+
+def withdraw(rt: Runtime, call: Call, code: str, why: str, tools: Iterable[str] = ()) -> str:
+    """Withdraw ``call``'s tool (and ``tools``: every tool of a cycle) for the rest of its
+    task; returns what the model reads."""
+    scope = call.scope
+    assert scope is not None
+    names = [call.name, *sorted(set(tools) - {call.name})]
+    for name in names:
+        scope.withdrawn[name] = (code, scope.decision)
+        rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why)
+    listed = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + f" and {names[-1]}"
+    verb, them = ("is", "it") if len(names) == 1 else ("are", "them")
+    return (
+        f"{listed} {verb} now withdrawn from your tools for the rest of this task ({why}); use another tool or "
+        f"give your final answer. Calling {them} again ends the task."
+    )
+
+
+def withdrawn_error(rt: Runtime, call: Call, error: AgentToolError, code: str, why: str) -> AgentToolError:
+    """``error`` as the model reads it once the tool is withdrawn (same type and message)."""
+    note = withdraw(rt, call, code, why)
+    info = error.info
+    return type(error)(info.model_copy(update={"advice": note, "retryable": False}))
+
+
+def _stop(scope: TaskScope, tool: str, code: str, message: str) -> NoProgressError:
+    info = GovernedError(
+        error_type=ErrorType.FATAL,
+        tool=tool,
+        code=code,
+        message=message,
+        signature=f"{tool}:NoProgressError:{code}",
+        advice="the loop ignored the governor's advice: stop and report what was done",
+    )
+    return NoProgressError(info)
+
+
+def nothing_left(rt: Runtime, scope: TaskScope, tools: Iterable[str]) -> NoProgressError | None:
+    """The stop to raise when every one of ``tools`` (what the model was offered) is
+    withdrawn; None while something is left. For adapters, before a model call."""
+    offered = list(tools)
+    if not offered or not scope.withdrawn or any(t not in scope.withdrawn for t in offered):
+        return None
+    names = ", ".join(sorted(set(offered)))
+    last = list(scope.withdrawn)[-1]  # the stop's code is why the last one was withdrawn
+    stop = _stop(
+        scope,
+        last,
+        scope.withdrawn[last][0],
+        f"every tool the model had ({names}) was withdrawn after it kept repeating calls that did not help",
+    )
+    rt.events.emit("escalation", tool=offered[0], subject="tools", action="stop", count=len(offered))
+    stopped = stop_run(rt, scope, stop)
+    assert isinstance(stopped, NoProgressError)
+    return stopped
+
+
+class Withdrawn(Policy):
+    """Ends the run when the model calls a tool it was told is withdrawn."""
+
+    kinds = frozenset({TOOL})
+    __slots__ = ("rt",)
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def before(self, call: Call) -> Resumed | None:
+        scope = call.scope
+        if scope is None or not scope.withdrawn:
+            return None
+        entry = scope.withdrawn.get(call.name)
+        if entry is None:
+            return None
+        code, decision = entry
+        call.stop_reason = "withdrawn"
+        if decision is not None and decision == scope.decision:
+            # a parallel call of the turn that got the tool withdrawn: the model has not
+            # been told yet, so this is no persisting -- refused, not a stop
+            raise PermanentError(
+                GovernedError(
+                    error_type=ErrorType.PERMANENT,
+                    tool=call.name,
+                    code="withdrawn",
+                    message=f"{call.name} was withdrawn from your tools for the rest of this task",
+                    signature=f"{call.name}:Withdrawn",
+                    attempts=0,
+                    advice=f"use another tool or give your final answer; calling {call.name} again ends the task",
+                )
+            )
+        self.rt.events.emit("escalation", tool=call.name, subject="withdrawn", action="stop", count=1)
+        message = f"the model called {call.name} after it was withdrawn for repeating calls that did not help ({code})"
+        if code in _IDENTICAL:
+            message += f"; if {call.name} is a status poll, declare it with ToolPolicy(poll=True)"
+        raise _stop(scope, call.name, code, message)

@@ -117,7 +117,7 @@ def _offered(governor: lg.Governor, kwargs: dict[str, Any]) -> dict[str, Any]:
     :mod:`loop_governor.ladder`); when none is left, the run stops here."""
     tools = kwargs.get("tools")
     scope = governor.current_task() if tools else None
-    if scope is None or not scope.withdrawn:
+    if scope is None or not scope.withdrawn or not isinstance(tools, list):
         return kwargs
     names = [_tool_name(t) for t in tools]
     stop = nothing_left(governor.rt, scope, names)

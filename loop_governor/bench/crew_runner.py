@@ -117,7 +117,8 @@ class PolicyLLM(BaseLLM):
             }
         )
         results = [str(m.get("content") or "") for m in messages if m.get("role") == "tool"]
-        move = decide(spec, results, world.behaviour, world.seed, tools_offered=bool(tools))
+        offered = [str((t.get("function") or t).get("name", "")) for t in tools or () if isinstance(t, dict)]
+        move = decide(spec, results, world.behaviour, world.seed, tools_offered=bool(tools), offered=offered)
         if isinstance(move, Answer):
             return move.text
         return [

@@ -105,13 +105,15 @@ class PolicyChatModel(BaseChatModel):
     world: Any
     model_name: str = "bench-model"
     max_retries: int = SDK_MAX_RETRIES
+    offered: tuple[str, ...] | None = None  # the tools of the request (None: not bound)
 
     @property
     def _llm_type(self) -> str:
         return "loop-governor-bench-policy"
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> PolicyChatModel:
-        return self
+        names = tuple(t.get("name", "") if isinstance(t, dict) else getattr(t, "name", "") for t in tools or ())
+        return self.model_copy(update={"offered": names})
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
@@ -126,7 +128,7 @@ class PolicyChatModel(BaseChatModel):
         except ProviderError as exc:
             raise _as_langchain(exc) from None
         results = [m.text for m in messages if isinstance(m, ToolMessage)]
-        move = decide(spec, results, world.behaviour, world.seed)
+        move = decide(spec, results, world.behaviour, world.seed, offered=self.offered)
         usage: Any = {
             "input_tokens": tokens,
             "output_tokens": COMPLETION_TOKENS,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -285,6 +285,21 @@ def replay(spec: TaskSpec, results: Sequence[str], behaviour: Behaviour = OBEDIE
     return state
 
 
+def _offered_only(state: _State, spec: TaskSpec, offered: Collection[str]) -> None:
+    """A model cannot call a tool it is not offered (the governor withdrew it): it takes
+    its next option that uses an offered tool, or gives up on the sub-task -- what every
+    policy does once it leaves a call."""
+    while not state.stop and state.index < len(spec.plan):
+        options = spec.plan[state.index].options
+        if options[state.option].tool in offered:
+            return
+        later = [j for j in range(state.option + 1, len(options)) if options[j].tool in offered]
+        if later:
+            state.option, state.variant = later[0], 0
+            return
+        _skip(state, spec)
+
+
 def decide(
     spec: TaskSpec,
     results: Sequence[str],
@@ -292,9 +307,13 @@ def decide(
     seed: int = 0,
     *,
     tools_offered: bool = True,
+    offered: Collection[str] | None = None,
 ) -> CallTool | Answer:
-    """The model's next move given every tool result of this conversation so far."""
+    """The model's next move given every tool result of this conversation so far, and the
+    names of the tools its request offers (None: all of them)."""
     state = replay(spec, results, behaviour, seed)
+    if offered is not None:
+        _offered_only(state, spec, offered)
     if state.stop or state.index >= len(spec.plan) or not tools_offered:
         delivered = tuple(state.delivered)
         text = f"DONE delivered={','.join(delivered) or '-'} skipped={','.join(state.skipped) or '-'}"

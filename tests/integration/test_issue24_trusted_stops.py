@@ -13,7 +13,9 @@ governed tools). The tools are small stateful services that count every real exe
   only in numbers, arguments varied in whitespace and key order, a page walk with the same
   answer, a failing call repeated with nothing in between, a failing call between read-only
   lookups, a login never done, an identical transfer, a poll past its ``max_calls``): the
-  run ends with ``lg.FatalError`` within 8 model calls, whatever the model would do next.
+  run ends with ``lg.FatalError`` within 8 model calls, whatever the model would do next;
+* what the model reads after a failed precondition: the tool's own message first, and any
+  "do not repeat" speaks of repeating the call unchanged (issue 24, Build 6).
 
 The scripted models are open-loop (they never read the governor's text), so a healthy run
 only completes if nothing ended it, and a loop only ends if a guard ended it. These tests
@@ -24,6 +26,7 @@ are the spec of issue 24's Build section, ``ToolPolicy(poll=True)`` and
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -523,3 +526,44 @@ def test_crew_real_loops_end_within_8_model_calls(
 
     assert len(llm.received) <= MAX_MODEL_CALLS
     assert sum(world.ran.values()) <= MAX_MODEL_CALLS
+
+
+# -- what the model reads after a failed precondition -----------------------------------------
+_OWN_MESSAGE = re.compile(r"^(?:\w+: )?Brake pedal must be pressed when starting the engine")
+
+
+def _reads_as_fix_then_retry(text: str) -> None:
+    """The tool's own message comes first; "do not repeat" speaks of repeating unchanged."""
+    assert _OWN_MESSAGE.match(text.strip()), text
+    if "do not repeat" in text.lower():
+        assert "unchanged" in text.lower(), text
+
+
+def test_create_agent_a_failed_precondition_reads_as_fix_then_retry(
+    kit: Any, make_governor: Callable[..., lg.Governor]
+) -> None:
+    world = World()
+    case = HEALTHY["precondition-fix-retry"]
+    _, agent = lc_agent(kit, make_governor(), world, lc_script(case.turns, loop=False), "middleware")
+
+    state = agent.invoke({"messages": [("user", "start the car")]})
+
+    failed = next(m for m in state["messages"] if isinstance(m, ToolMessage) and m.name == "start_engine")
+    assert failed.status == "error"
+    _reads_as_fix_then_retry(str(failed.content))
+
+
+def test_crew_a_failed_precondition_reads_as_fix_then_retry(
+    kit: Any, make_governor: Callable[..., lg.Governor]
+) -> None:
+    world = World()
+    case = HEALTHY["precondition-fix-retry"]
+    governor = make_governor()
+    llm, crew = _crew(kit, governor, world, crew_script(case.turns, loop=False))
+
+    with crewai_governor.install(governor):
+        crew.kickoff()
+
+    # the prompt after the first start_engine: its tool result is what the model read
+    failed = [m for m in llm.received[1] if m.get("role") == "tool"][-1]
+    _reads_as_fix_then_retry(str(failed.get("content")))

@@ -634,7 +634,7 @@ def render_suites(report: dict[str, Any], console: Console) -> None:
     healthy.add_column("pattern")
     healthy.add_column("n")
     healthy.add_column("loop-governor stops")
-    healthy.add_column("retries answered without running (goal 0)")
+    healthy.add_column("calls that must run but did not: answered from memory or after a stop (goal 0)")
     healthy.add_column("trajectory-fuse stops")
     for pattern, r in res["healthy"].items():
         healthy.add_row(

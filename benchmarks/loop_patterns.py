@@ -253,6 +253,30 @@ def cursor_pagination(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
     return turns, tuple(range(pages))
 
 
+_FIXES = (
+    ("toggle_airplane_mode", {"enable": False}, "Airplane mode is now OFF."),
+    ("reset_apn_settings", {}, "APN settings reset to the carrier defaults."),
+    ("grant_app_permission", {"app": "messaging", "permission": "storage"}, "Permission granted."),
+    ("reboot_device", {}, "Device rebooted."),
+)
+
+
+def recheck_after_fixes(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
+    """A status check re-run after each fix (tau2 telecom): the same answer while the fixes
+    do not help, a different one once one does."""
+    fixes = rng.sample(_FIXES, rng.randint(2, 4))
+    broken = "Your messaging app cannot send MMS messages. Check your device settings."
+    turns: Turns = [[Step("can_send_mms", {}, broken)]]
+    must = []
+    for i, (tool, args, result) in enumerate(fixes):
+        turns.append([Step(tool, args, result)])
+        last = i == len(fixes) - 1
+        turns.append([Step("can_send_mms", {}, "Your messaging app can send MMS messages." if last else broken)])
+        must.append(_steps(turns) - 1)
+    turns.append([])
+    return turns, tuple(must)
+
+
 # -- real loops ------------------------------------------------------------------------------
 
 LOOP_LEN = 10  # calls in each generated loop
@@ -369,6 +393,7 @@ HEALTHY: dict[str, HealthyMaker] = {
     "login_then_retry": login_then_retry,
     "parallel_same_id": parallel_same_id,
     "cursor_pagination": cursor_pagination,
+    "recheck_after_fixes": recheck_after_fixes,
 }
 LOOPS: dict[str, LoopMaker] = {
     "same_failure": same_failure,
@@ -389,6 +414,7 @@ HELP = {
     "login_then_retry": "'not authenticated, please log in' -> login -> retry ok",
     "parallel_same_id": "2-4 lookups of one id in one turn (identical or different tools)",
     "cursor_pagination": "next_cursor walk, a different page every time",
+    "recheck_after_fixes": "a status check after each of 2-4 different fixes; the same answer until the last",
     "same_failure": "the identical failing call, 10 times",
     "same_success": "the identical call with the identical answer, 10 times",
     "ab_cycle": "A-B, results unchanged, x5",

@@ -410,6 +410,11 @@ def test_generated_suites_are_deterministic_and_what_their_names_say() -> None:
         if case.pattern == "parallel_same_id":
             turn = next(t for t in case.run.turns if len(t) > 1)
             assert len({json.dumps(s.args) for s in turn}) == 1
+        if case.pattern == "recheck_after_fixes":
+            checks = [steps[0], *(steps[i] for i in case.must_run)]
+            assert {(s.tool, str(s.args)) for s in checks} == {("can_send_mms", "{}")}
+            assert len({s.result for s in checks[:-1]}) == 1 and checks[-1].result != checks[0].result
+            assert all(steps[i - 1].tool != "can_send_mms" for i in case.must_run)  # a fix before each check
         if case.pattern == "cursor_pagination":
             assert len({s.result for s in steps}) == len(steps) and "cursor" not in steps[0].args
             assert all(s.args["cursor"] == json.loads(p.result)["next_cursor"] for p, s in itertools.pairwise(steps))

@@ -1,17 +1,19 @@
 """Loop guards head to head on real agent runs: the governor against trajectory-fuse.
 
     python benchmarks/loop_guard_calibration.py ../shared/corpus/swe-dev ../shared/corpus/tau-airline \\
-        [--seed 0] [--json loop_guards.json] [--positions 2] [--model-calls] [--no-raise]
+        ../shared/corpus/tau2 [--seed 0] [--json loop_guards.json] [--positions 2] [--model-calls] \\
+        [--no-raise] [--suite-cases 20]
 
 Every recorded tool call of every run is replayed through ``Governor.call`` inside one task
 per run (default configuration, virtual time; a recorded failure *raises*, see
 ``benchmarks/loop_replay.py`` for what counts as one), and the same call is fed to a
 trajectory-fuse ``AgentFuse`` (its default ``FuseConfig``) in the same loop. A guard
 "stops" a run when it refuses a call for good: a ``lg.FatalError`` out of ``g.call``
-(detector = ``info.code``), or ``DeadlockDetected`` (detector = its kind). Per corpus:
+(detector = ``info.code``), or ``DeadlockDetected`` (detector = its kind). Per corpus (a
+folder of folders, such as tau2's one folder per model, is one corpus per sub-folder):
 
-1. stops on successful runs (mini-swe-agent ``Submitted``, tau-bench reward 1.0): every
-   one is a false stop -- listed with the steps around it;
+1. stops on successful runs (mini-swe-agent ``Submitted``, tau-bench reward 1.0, tau2
+   outcome ``success``): every one is a false stop -- listed with the steps around it;
 2. loops the recorded runs contain, found by a simple rule of our own
    (``loop_replay.find_loops``), with the detector that stopped each and the calls spent
    in the loop up to the stop;
@@ -21,6 +23,12 @@ trajectory-fuse ``AgentFuse`` (its default ``FuseConfig``) in the same loop. A g
    governor with what it did instead;
 4. microseconds per call (median), ``g.call`` in a task against ``AgentFuse.observe``, on
    the same recorded steps in the same process.
+
+Then a summary per source (false stops; loops in failed and in successful runs, stopped or
+not), and the generated suites of ``benchmarks/loop_patterns.py``: healthy patterns (false
+stops, and retries the governor answered without running the tool; goal 0) and real loops
+(false stops before the loop, catches and calls spent; goal: all caught), replayed the same
+way with every turn also a model call and the per-tool policies each case declares.
 
 Deterministic for a given ``--seed`` (except the timings). The governor's configuration is
 ``GovernorConfig()``: environment variables try another setting, e.g.
@@ -44,6 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import loop_patterns as gen
 import loop_replay as lr
 from rich import box
 from rich.console import Console
@@ -58,6 +67,7 @@ class Settings:
     positions: int = 2  # splice positions per run and pattern
     model_calls: bool = False  # each turn is also a g.call_model of a stub
     raise_failures: bool = True  # recorded failures raise (off: every result is returned)
+    suite_cases: int = 20  # cases per generated pattern (0: no generated suites)
 
     def replay(self, turns: Any, run: lr.Run, *, run_on: bool = False) -> lr.Replay:
         return lr.replay(
@@ -74,6 +84,7 @@ class Settings:
 GUARDS = ("governor", "fuse")
 GUARD_NAMES = {"governor": "loop-governor", "fuse": "trajectory-fuse"}
 CONTEXT = 3  # steps shown before a stop (and 1 after)
+LOOP_ROWS = 25  # recorded loops printed per corpus (the JSON has all)
 
 
 def _stop(replay: lr.Replay, guard: str) -> lr.Stop | None:
@@ -278,25 +289,154 @@ def timing(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
     return out
 
 
+# -- per source at a glance ----------------------------------------------------------------------
+
+
+def summary(corpora: dict[str, Any]) -> dict[str, Any]:
+    """Per source and guard: false stops on successful runs; loops found in unsuccessful
+    runs (the real ones) and in successful runs (often a healthy re-check), and how many of
+    each the guard stopped inside the loop, with the calls spent up to the stop."""
+    out: dict[str, Any] = {}
+    for name, corpus in corpora.items():
+        rec = corpus["recorded"]
+        row: dict[str, Any] = {"runs": corpus["runs"], "successful": corpus["successful"]}
+        for guard in GUARDS:
+            false = [s for s in rec["stops"] if s["guard"] == guard and s["successful"]]
+            entry: dict[str, Any] = {
+                "false_stops": len(false),
+                "false_detectors": dict(Counter(s["detector"] for s in false)),
+            }
+            for label, ok in (("loops_failed_runs", False), ("loops_successful_runs", True)):
+                loops = [lp for lp in rec["loops"] if lp["successful"] is ok]
+                stopped = [lp[guard] for lp in loops if lp[guard]["status"] == "stopped"]
+                entry[label] = {
+                    "found": len(loops),
+                    "stopped": len(stopped),
+                    "loop_calls": sum(lp["calls"] for lp in loops),
+                    "median_spent": _median([float(v["wasted"]) for v in stopped]),
+                }
+            row[guard] = entry
+        out[name] = row
+    return out
+
+
+# -- generated suites: healthy patterns and real loops -------------------------------------------
+
+
+def _ran(outcome: str | None) -> bool:
+    """Did the governor let the call reach the tool? (A call it answered from memory is
+    ``refused ...``; one it never got to, because the run had ended, has no outcome.)"""
+    return outcome is not None and "refused" not in outcome
+
+
+def suites(settings: Settings, cases: list[gen.Case] | None = None) -> dict[str, Any]:
+    """Replay ``loop_patterns``' healthy and loop cases (``settings.suite_cases`` of each
+    pattern, or ``cases``), every turn also a model call (so a guard sees which calls share
+    a turn), with the per-tool policies the case declares.
+
+    Healthy: a guard's stop is a false stop; ``blocked_retries`` counts the calls that must
+    run (``Case.must_run``) which the governor answered without running the tool. Loops: a
+    stop inside the loop is a catch (calls spent counted from the loop's first call), one
+    before it a false stop."""
+    out: dict[str, Any] = {"healthy": {}, "loop": {}, "dropped_policy_fields": []}
+    dropped: set[str] = set()
+    if cases is None:
+        n, seed = settings.suite_cases, settings.seed
+        cases = gen.healthy_cases(n, seed) + gen.loop_cases(n, seed)
+    for case in cases:
+        tools, missing = lr.tool_policies(case.policies)
+        dropped.update(missing)
+        replay = lr.replay(
+            case.run.turns,
+            case.run.kind,
+            task_id=case.run.name,
+            seed=settings.seed,
+            model_calls=True,
+            run_on=True,
+            raise_failures=settings.raise_failures,
+            config=lg.GovernorConfig(tools=tools),
+        )
+        res = out[case.suite].setdefault(
+            case.pattern,
+            {"help": gen.HELP.get(case.pattern, ""), "n": 0, "policies": case.policies}
+            | {g: {"false": 0, "caught": 0, "missed": 0, "spent": [], "detectors": Counter()} for g in GUARDS}
+            | {"blocked_retries": 0, "false_stops": [], "misses": []},
+        )
+        res["n"] += 1
+        if case.suite == "healthy":
+            blocked = [i for i in case.must_run if not _ran(replay.outcomes[i] if i < len(replay.outcomes) else None)]
+            res["blocked_retries"] += len(blocked)
+        for guard in GUARDS:
+            stop, tally = _stop(replay, guard), res[guard]
+            if case.suite == "healthy":
+                if stop is None:
+                    continue
+                tally["false"] += 1
+                tally["detectors"][stop.detector] += 1
+            elif stop is None:
+                tally["missed"] += 1
+                continue
+            elif stop.step < case.loop_start:
+                tally["false"] += 1
+                tally["detectors"][f"before:{stop.detector}"] += 1
+            else:
+                tally["caught"] += 1
+                tally["spent"].append(stop.step - case.loop_start + 1)
+                tally["detectors"][stop.detector] += 1
+            if stop is not None and (case.suite == "healthy" or stop.step < case.loop_start):
+                res["false_stops"].append(
+                    {
+                        "case": case.run.name,
+                        "guard": guard,
+                        "step": stop.step,
+                        "detector": stop.detector,
+                        "message": stop.message[:300],
+                        "context": _context(replay, stop.step),
+                    }
+                )
+        if case.suite == "loop" and (replay.governor is None or replay.governor.step < case.loop_start):
+            res["misses"].append(
+                {
+                    "case": case.run.name,
+                    "governor_said": _squeeze(replay.outcomes[case.loop_start :]),
+                    "signals": [f"{s.label}@+{s.step - case.loop_start}" for s in replay.signals],
+                }
+            )
+    for suite in ("healthy", "loop"):
+        for res in out[suite].values():
+            for guard in GUARDS:
+                tally = res[guard]
+                spent = tally.pop("spent")
+                tally["detectors"] = dict(tally["detectors"])
+                tally["median_spent"] = _median([float(v) for v in spent])
+                tally["max_spent"] = max(spent) if spent else None
+    out["dropped_policy_fields"] = sorted(dropped)
+    return out
+
+
 # -- the whole report ---------------------------------------------------------------------------
 
 
 def evaluate(paths: list[Path], settings: Settings | None = None) -> dict[str, Any]:
+    """The report: every corpus (one per source: a folder of sub-folders, such as tau2's one
+    folder per model, gives one per sub-folder), then the generated suites."""
     settings = settings or Settings()
     corpora: dict[str, Any] = {}
     for path in paths:
-        runs = lr.load_runs(path)
-        name = runs[0].corpus if runs else path.name
-        corpora[name] = {
-            "path": str(path),
-            "runs": len(runs),
-            "successful": sum(run.success for run in runs),
-            "tool_calls": sum(len(run.steps) for run in runs),
-            "model_calls": sum(len(run.turns) for run in runs),
-            "recorded": recorded(runs, settings),
-            "spliced": spliced(runs, settings),
-            "timing": timing(runs, settings),
-        }
+        loaded = lr.load_runs(path)
+        sources = sorted({run.corpus for run in loaded}) or [path.name]
+        for name in sources:
+            runs = [run for run in loaded if run.corpus == name]
+            corpora[name] = {
+                "path": str(path),
+                "runs": len(runs),
+                "successful": sum(run.success for run in runs),
+                "tool_calls": sum(len(run.steps) for run in runs),
+                "model_calls": sum(len(run.turns) for run in runs),
+                "recorded": recorded(runs, settings),
+                "spliced": spliced(runs, settings),
+                "timing": timing(runs, settings),
+            }
     return {
         "settings": asdict(settings),
         "versions": {
@@ -305,6 +445,8 @@ def evaluate(paths: list[Path], settings: Settings | None = None) -> dict[str, A
         },
         "governor_config": lg.GovernorConfig().model_dump(mode="json"),
         "corpora": corpora,
+        "summary": summary(corpora),
+        "suites": suites(settings) if settings.suite_cases else None,
     }
 
 
@@ -380,10 +522,14 @@ def render(report: dict[str, Any], console: Console) -> None:
             for line in s["context"]:
                 console.print(f"    {line}")
         if loops:
-            table = Table(box=box.SIMPLE_HEAD, title="loops in the recorded runs (R1 repeat, R2 cycle, R3 failing)")
+            shown = sorted(loops, key=lambda lp: (lp["successful"], -lp["calls"]))[:LOOP_ROWS]
+            title = "loops in the recorded runs (R1 repeat, R2 cycle, R3 failing)"
+            if len(shown) < len(loops):
+                title += f"; the {len(shown)} longest of {len(loops)}, failed runs first (all in --json)"
+            table = Table(box=box.SIMPLE_HEAD, title=title)
             for col in ("run", "ok?", "steps", "rules", "first call", "loop-governor", "trajectory-fuse"):
                 table.add_column(col, overflow="fold")
-            for lp in loops:
+            for lp in shown:
                 cells = []
                 for guard in GUARDS:
                     v = lp[guard]
@@ -395,7 +541,7 @@ def render(report: dict[str, Any], console: Console) -> None:
                 table.add_row(
                     lp["run"],
                     "yes" if lp["successful"] else "no",
-                    f"{lp['steps'][0]}-{lp['steps'][1]}",
+                    f"{lp['steps'][0]}-{lp['steps'][1]} ({lp['calls']})",
                     ",".join(lp["rules"]),
                     lp["first"][:70],
                     *cells,
@@ -447,9 +593,103 @@ def render(report: dict[str, Any], console: Console) -> None:
         )
 
 
+def render_summary(report: dict[str, Any], console: Console) -> None:
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title="per source: false stops on successful runs (goal 0), then loops found and stopped "
+        "(in failed runs: goal all) with the median calls spent up to the stop",
+    )
+    table.add_column("source")
+    table.add_column("runs (ok)")
+    for guard in GUARDS:
+        table.add_column(f"{GUARD_NAMES[guard]} false stops")
+        table.add_column("loops in failed runs")
+        table.add_column("in ok runs")
+    for name, row in report["summary"].items():
+        cells = []
+        for guard in GUARDS:
+            g = row[guard]
+            a, b = g["loops_failed_runs"], g["loops_successful_runs"]
+            cells += [
+                f"{g['false_stops']} ({_detectors(g['false_detectors'])})",
+                f"{a['stopped']}/{a['found']}, spent {_num(a['median_spent'], '{:.0f}')}",
+                f"{b['stopped']}/{b['found']}",
+            ]
+        table.add_row(name, f"{row['runs']} ({row['successful']})", *cells)
+    console.print(table)
+
+
+def render_suites(report: dict[str, Any], console: Console) -> None:
+    res = report.get("suites")
+    if not res:
+        return
+    n = report["settings"]["suite_cases"]
+    console.rule(f"generated suites ({n} cases per pattern, seed {report['settings']['seed']})")
+    if res["dropped_policy_fields"]:
+        console.print(
+            "policy fields this loop-governor does not know (replayed without them): "
+            + ", ".join(res["dropped_policy_fields"])
+        )
+    healthy = Table(box=box.SIMPLE_HEAD, title="healthy patterns: false stops (goal 0)")
+    healthy.add_column("pattern")
+    healthy.add_column("n")
+    healthy.add_column("loop-governor stops")
+    healthy.add_column("calls that must run but did not: answered from memory or after a stop (goal 0)")
+    healthy.add_column("trajectory-fuse stops")
+    for pattern, r in res["healthy"].items():
+        healthy.add_row(
+            pattern,
+            str(r["n"]),
+            f"{r['governor']['false']} ({_detectors(r['governor']['detectors'])})",
+            str(r["blocked_retries"]),
+            f"{r['fuse']['false']} ({_detectors(r['fuse']['detectors'])})",
+        )
+    console.print(healthy)
+    loops = Table(box=box.SIMPLE_HEAD, title="real loops: false stops before the loop, then catches (goal all)")
+    loops.add_column("pattern")
+    loops.add_column("n")
+    for guard in GUARDS:
+        loops.add_column(f"{GUARD_NAMES[guard]} false")
+        loops.add_column("caught")
+        loops.add_column("calls spent (median/max)")
+        loops.add_column("detectors")
+    for pattern, r in res["loop"].items():
+        cells = []
+        for guard in GUARDS:
+            g = r[guard]
+            cells += [
+                str(g["false"]),
+                f"{g['caught']}/{r['n']}",
+                f"{_num(g['median_spent'], '{:.0f}')}/{_num(g['max_spent'], '{:.0f}')}",
+                _detectors(g["detectors"]),
+            ]
+        loops.add_row(pattern, str(r["n"]), *cells)
+    console.print(loops)
+    for suite in ("healthy", "loop"):
+        for pattern, r in res[suite].items():
+            stops = r["false_stops"]
+            if stops:
+                console.print(f"\nfalse stops, {suite} {pattern} ({len(stops)}; first {min(len(stops), 2)} shown):")
+            for s in stops[:2]:
+                console.print(f"- {GUARD_NAMES[s['guard']]} [{s['detector']}] {s['case']}: step {s['step']}")
+                for line in s["context"]:
+                    console.print(f"    {line}")
+            if r["misses"]:
+                reasons = Counter(m["governor_said"] for m in r["misses"])
+                console.print(f"\ngovernor misses, {pattern} ({len(r['misses'])} of {r['n']}):")
+                for reason, k in reasons.most_common(3):
+                    console.print(f"    {k:>3} x {reason}")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="corpus folders (or files) of recorded runs")
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        help="corpus folders (or files) of recorded runs; a folder of folders "
+        "(tau2: one per model) is reported per sub-folder",
+    )
     parser.add_argument("--seed", type=int, default=0, help="splice positions and pattern contents")
     parser.add_argument("--json", type=Path, default=None, help="write the full report here")
     parser.add_argument("--positions", type=int, default=2, help="splice positions per run and pattern")
@@ -459,10 +699,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--no-raise", action="store_true", help="recorded failures are returned as results instead of raised"
     )
+    parser.add_argument(
+        "--suite-cases", type=int, default=20, help="cases per generated pattern (benchmarks/loop_patterns.py); 0: none"
+    )
     args = parser.parse_args(argv)
-    settings = Settings(args.seed, args.positions, args.model_calls, not args.no_raise)
+    settings = Settings(args.seed, args.positions, args.model_calls, not args.no_raise, args.suite_cases)
     report = evaluate(args.paths, settings)
-    render(report, Console(width=200, highlight=False, markup=False))
+    console = Console(width=200, highlight=False, markup=False)
+    render(report, console)
+    if report["summary"]:
+        console.rule("summary")
+        render_summary(report, console)
+    render_suites(report, console)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
     return report

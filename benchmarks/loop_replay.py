@@ -23,6 +23,12 @@ for a real tool):
 * tau-bench runs (``[{task_id, reward, traj}]``): tau-bench's tools raise and its
   environment returns ``"Error: <message>"``; such a result raises :class:`ToolError` with
   the message after ``"Error: "``.
+* tau2-bench runs (``{"source", "model", "outcome", "messages", "meta"}``, one file per
+  run, one folder per model): the same rule -- a tool result starting with ``"Error"``
+  raises :class:`ToolError` (tau2 marks exactly these results ``"error": true``); the run
+  is successful when ``outcome`` is ``"success"`` (reward 1.0).
+* generated runs (``benchmarks/loop_patterns.py``): kind ``"tau"``, the same rule; a run
+  may declare per-tool policies (``Run.policies``), passed to ``GovernorConfig(tools=...)``.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class Run:
     success: bool
     turns: list[list[Step]]
     outcome: str = ""  # exit_status / reward, as recorded
+    # per-tool ToolPolicy fields this run's agent declares (generated suites): tool -> fields
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[Step]:
@@ -123,25 +131,36 @@ def turns_of(messages: Sequence[dict[str, Any]], failure_of: Callable[[str], str
 
 
 def load_runs(path: Path, corpus: str | None = None) -> list[Run]:
-    """Every run under ``path`` (a directory of ``*.json.gz`` or one file), in name order."""
+    """Every run under ``path`` (a directory of ``*.json.gz`` or one file), in name order.
+
+    A run in a sub-folder belongs to the corpus ``<path name>/<sub-folder>`` (tau2: one
+    folder per model), so a report can speak per source."""
     files = sorted(path.rglob("*.json.gz")) if path.is_dir() else [path]
     corpus = corpus or path.name.removesuffix(".json.gz")
     runs: list[Run] = []
     for file in files:
         with gzip.open(file, "rt", encoding="utf-8") as fh:
             data = json.load(fh)
-        if isinstance(data, dict) and "messages" in data:  # mini-swe-agent
+        folder = file.parent.relative_to(path).as_posix() if path.is_dir() else "."
+        source = corpus if folder == "." else f"{corpus}/{folder}"
+        if isinstance(data, dict) and "messages" in data and "outcome" in data:  # tau2-bench
+            turns = turns_of(data["messages"], tau_failure)
+            meta = data.get("meta") or {}
+            name = str(meta.get("run_id") or file.name.removesuffix(".json.gz"))
+            outcome = f"{data['outcome']}, reward {meta.get('reward')}, {meta.get('termination_reason')}"
+            runs.append(Run(source, name, "tau", data["outcome"] == "success", turns, outcome))
+        elif isinstance(data, dict) and "messages" in data:  # mini-swe-agent
             status = str(data.get("exit_status"))
             turns = turns_of(data["messages"], swe_failure)
-            runs.append(Run(corpus, file.name, "swe", status == "Submitted", turns, status))
+            runs.append(Run(source, file.name, "swe", status == "Submitted", turns, status))
         elif isinstance(data, list):  # tau-bench results: one entry per run
             for index, entry in enumerate(data):
                 name = f"{file.name}#{index} (task {entry.get('task_id')}, trial {entry.get('trial')})"
                 reward = entry.get("reward")
                 turns = turns_of(entry.get("traj") or [], tau_failure)
-                runs.append(Run(corpus, name, "tau", reward == 1.0, turns, f"reward {reward}"))
+                runs.append(Run(source, name, "tau", reward == 1.0, turns, f"reward {reward}"))
         else:
-            raise ValueError(f"{file}: neither a mini-swe-agent run nor a tau-bench result list")
+            raise ValueError(f"{file}: neither a mini-swe-agent run, a tau2-bench run nor a tau-bench result list")
     return runs
 
 
@@ -262,11 +281,29 @@ def _fuse_types() -> tuple[Any, Any, Any, Any]:
     return AgentFuse, DeadlockDetected, FuseConfig, Action
 
 
-def new_governor(clock: VirtualClock, seed: int) -> lg.Governor:
-    """A governor with the default configuration, on virtual time (one per run: runs were
-    separate agents, so breakers and known-bad memory must not leak between them)."""
+def tool_policies(policies: dict[str, dict[str, Any]]) -> tuple[dict[str, lg.ToolPolicy], list[str]]:
+    """``ToolPolicy`` objects for ``policies`` (tool -> fields), and the fields this version
+    of loop-governor does not know (dropped, so the harness runs on older code too: a run
+    declaring ``poll=True`` then replays with the defaults and the report says so)."""
+    known = set(lg.ToolPolicy.model_fields)
+    built: dict[str, lg.ToolPolicy] = {}
+    dropped: list[str] = []
+    for tool, fields in policies.items():
+        dropped += [f"{tool}.{name}" for name in fields if name not in known]
+        built[tool] = lg.ToolPolicy(**{name: value for name, value in fields.items() if name in known})
+    return built, dropped
+
+
+def new_governor(clock: VirtualClock, seed: int, config: lg.GovernorConfig | None = None) -> lg.Governor:
+    """A governor with the default configuration (or ``config``), on virtual time (one per
+    run: runs were separate agents, so breakers and known-bad memory must not leak between
+    them)."""
     return lg.Governor(
-        lg.GovernorConfig(), clock=clock, sleep=clock.sleep, asleep=clock.asleep, random=random.Random(seed).random
+        config or lg.GovernorConfig(),
+        clock=clock,
+        sleep=clock.sleep,
+        asleep=clock.asleep,
+        random=random.Random(seed).random,
     )
 
 
@@ -280,6 +317,7 @@ def replay(
     fuse: bool = True,
     run_on: bool = False,
     raise_failures: bool = True,
+    config: lg.GovernorConfig | None = None,
 ) -> Replay:
     """Replay ``turns`` through ``g.call`` in one task, and through trajectory-fuse.
 
@@ -288,9 +326,10 @@ def replay(
     ``run_on`` (then every step is replayed, e.g. to see what the governor said later).
     ``outcomes[i]`` is what ``g.call`` answered for step ``i``: ``ok``, or the error's class
     (and code), prefixed ``refused`` when the governor answered without calling the tool.
+    ``config`` replaces ``GovernorConfig()`` (per-tool policies of a generated run).
     """
     clock = VirtualClock(START)
-    gov = new_governor(clock, seed)
+    gov = new_governor(clock, seed, config)
     AgentFuse, DeadlockDetected, FuseConfig, Action = _fuse_types()
     guard = AgentFuse(FuseConfig()) if fuse else None
     steps = [step for turn in turns for step in turn]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import itertools
 import json
 import random
 import re
@@ -290,3 +291,202 @@ def test_the_whole_benchmark_runs_on_generated_corpora(corpus: tuple[Path, Path]
     for name in ("swe-mini", "tau-mini"):
         assert again["corpora"][name]["spliced"] == report["corpora"][name]["spliced"]
         assert again["corpora"][name]["recorded"] == report["corpora"][name]["recorded"]
+
+
+# -- tau2-bench runs, per-source reports, generated suites ----------------------------------------
+
+
+def _tau2_run(outcome: str, turns: list[list[tuple[str, dict[str, Any], str]]], run_id: str) -> dict[str, Any]:
+    """A tau2-bench run as the corpus stores it: one file per run, OpenAI chat messages, an
+    error result starting with "Error" and flagged ``"error": true``; parallel calls share
+    one assistant message."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "policy"}, {"role": "user", "content": "hi"}]
+    n = 0
+    for turn in turns:
+        calls, results = [], []
+        for name, args, result in turn:
+            calls.append({"id": f"x{n}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}})
+            tool_msg: dict[str, Any] = {"role": "tool", "tool_call_id": f"x{n}", "content": result}
+            if result.startswith("Error"):
+                tool_msg["error"] = True
+            results.append(tool_msg)
+            n += 1
+        messages.append(
+            {"role": "assistant", "content": "" if calls else "anything else?", "tool_calls": calls or None}
+        )
+        messages += results
+    reward = 1.0 if outcome == "success" else 0.0
+    meta = {"run_id": run_id, "task_id": "0", "reward": reward, "termination_reason": "user_stop"}
+    return {"source": "test", "model": "m", "outcome": outcome, "messages": messages, "meta": meta}
+
+
+LOOKUP = ("get_details_by_id", {"id": "L1002"}, json.dumps({"line_id": "L1002", "status": "Active", "plan": "P1002"}))
+FAILING = ("update_reservation_passengers", {"reservation_id": "4OG6T3"}, "Error: Number of passengers does not match")
+
+
+@pytest.fixture
+def tau2(tmp_path: Path) -> Path:
+    root = tmp_path / "tau2"
+    ok = [
+        [("get_user_details", {"user_id": "mia_li_3668"}, json.dumps({"user_id": "mia_li_3668", "name": "Mia"}))],
+        [LOOKUP, ("get_details_by_id", {"id": "P1002"}, json.dumps({"plan_id": "P1002", "data_gb": 15}))],
+        [FAILING],
+        [("update_reservation_passengers", {"reservation_id": "4OG6T3", "n": 2}, json.dumps({"status": "ok"}))],
+        [],
+    ]
+    _write(root / "model-a" / "r1.json.gz", _tau2_run("success", ok, "r1"))
+    _write(root / "model-a" / "r2.json.gz", _tau2_run("failure", [[LOOKUP]] * 12 + [[]], "r2"))
+    transfer = ("transfer_to_human_agents", {"summary": "user wants a refund"}, "Transfer successful")
+    _write(root / "model-b" / "r3.json.gz", _tau2_run("failure", [[transfer]] * 10 + [[]], "r3"))
+    _write(root / "model-b" / "r4.json.gz", _tau2_run("failure", [[FAILING]] * 6 + [[]], "r4"))
+    return root
+
+
+def test_tau2_runs_load_per_model_folder_with_errors_as_failures(tau2: Path) -> None:
+    runs = lr.load_runs(tau2)
+    assert [(r.corpus, r.name, r.kind, r.success) for r in runs] == [
+        ("tau2/model-a", "r1", "tau", True),
+        ("tau2/model-a", "r2", "tau", False),
+        ("tau2/model-b", "r3", "tau", False),
+        ("tau2/model-b", "r4", "tau", False),
+    ]
+    first = runs[0]
+    # one turn per assistant message; the parallel pair stays one turn
+    assert [len(t) for t in first.turns] == [1, 2, 1, 1, 0]
+    assert [s.failure for s in first.steps] == [None, None, None, "error", None]
+    assert first.steps[1].args == {"id": "L1002"} and first.outcome.startswith("success, reward 1.0")
+    # the replayed tool raises what the tool said, the way tau2's environment caught it
+    with pytest.raises(lr.ToolError) as info:
+        lr.tool_fn(first.steps[3], first.kind)({})
+    assert str(info.value) == "Number of passengers does not match"
+    # a file (not a folder) is its own corpus
+    single = lr.load_runs(tau2 / "model-b" / "r3.json.gz")
+    assert [(r.corpus, r.success) for r in single] == [("r3", False)]
+
+
+def test_tool_policies_keep_known_fields_and_report_unknown_ones() -> None:
+    built, dropped = lr.tool_policies({"lookup": {"stateless": True, "no_such_field": 1}, "poll": {"max_calls": 9}})
+    assert built == {"lookup": lg.ToolPolicy(stateless=True), "poll": lg.ToolPolicy(max_calls=9)}
+    assert dropped == ["lookup.no_such_field"]
+    # the policies reach the replayed governor: max_calls=2 ends the third call of the tool
+    tools, _ = lr.tool_policies({"get_job_status": {"max_calls": 2}})
+    step = lr.Step("get_job_status", {"job_id": "J-1"}, json.dumps({"job_id": "J-1", "state": "running"}))
+    limited = lr.replay([[step]] * 3, "tau", config=lg.GovernorConfig(tools=tools))
+    assert limited.governor is not None and limited.governor.step == 2
+    assert lr.replay([[step]] * 3, "tau").governor is None  # the default: no limit
+
+
+def _norm(args: Any) -> str:
+    return json.dumps({k: " ".join(str(v).split()) for k, v in args.items()}, sort_keys=True)
+
+
+def test_generated_suites_are_deterministic_and_what_their_names_say() -> None:
+    gen = _load("loop_patterns")
+    healthy, loops = gen.healthy_cases(6, seed=3), gen.loop_cases(6, seed=3)
+    assert [(c.run.name, c.run.turns) for c in healthy] == [(c.run.name, c.run.turns) for c in gen.healthy_cases(6, 3)]
+    assert [c.run.turns for c in loops] != [c.run.turns for c in gen.loop_cases(6, 4)]  # the seed matters
+    assert {c.pattern for c in healthy} == set(gen.HEALTHY) and {c.pattern for c in loops} == set(gen.LOOPS)
+    for case in healthy:
+        steps = case.run.steps
+        assert case.run.success and case.must_run, case.run.name
+        # the last call that must run worked in the run: the pattern ends well
+        assert steps[case.must_run[-1]].failure is None, case.run.name
+        keys = [(s.tool, json.dumps(s.args, sort_keys=True)) for s in steps]
+        if case.pattern in ("precondition_fix_retry", "login_then_retry", "fix_then_rerun"):
+            retried = case.must_run[-1]
+            first = keys.index(keys[retried])
+            # the same call failed before, and another tool succeeded in between
+            assert first < retried and steps[first].failure == "error"
+            assert any(steps[i].tool != steps[retried].tool and not steps[i].failure for i in range(first, retried))
+        if case.pattern == "multi_entity_lookup":
+            answers = [re.sub(r"-?[\d.]+", "#", steps[i].result) for i in case.must_run]
+            assert len(set(keys)) == len(keys) >= 5 and len(set(answers)) == 1  # alike but for numbers
+        if case.pattern == "poll":
+            polls = [steps[i] for i in case.must_run]
+            assert (
+                len({(s.tool, str(s.args), s.result) for s in polls[:-1]}) == 1 and polls[-1].result != polls[0].result
+            )
+            assert case.policies == {"get_job_status": {"poll": True, "max_calls": 30}}
+        if case.pattern == "parallel_same_id":
+            turn = next(t for t in case.run.turns if len(t) > 1)
+            assert len({json.dumps(s.args) for s in turn}) == 1
+        if case.pattern == "recheck_after_fixes":
+            checks = [steps[0], *(steps[i] for i in case.must_run)]
+            assert {(s.tool, str(s.args)) for s in checks} == {("can_send_mms", "{}")}
+            assert len({s.result for s in checks[:-1]}) == 1 and checks[-1].result != checks[0].result
+            assert all(steps[i - 1].tool != "can_send_mms" for i in case.must_run)  # a fix before each check
+        if case.pattern == "cursor_pagination":
+            assert len({s.result for s in steps}) == len(steps) and "cursor" not in steps[0].args
+            assert all(s.args["cursor"] == json.loads(p.result)["next_cursor"] for p, s in itertools.pairwise(steps))
+    for case in loops:
+        steps = case.run.steps
+        loop = steps[case.loop_start :]
+        assert not case.run.success and 0 < case.loop_start and len(loop) >= 10, case.run.name
+        keys = [(s.tool, _norm(s.args), s.result) for s in loop]
+        if case.pattern in ("same_failure", "same_success", "varied_args", "repeat_after_nothing"):
+            assert len(set(keys)) == 1
+        if case.pattern == "varied_args":
+            assert len({json.dumps(s.args) for s in loop}) > 1  # raw arguments do differ
+        if case.pattern == "repeat_after_nothing":
+            tail = case.run.turns[len(case.run.turns) - 2 * len(loop) - 1 :]
+            assert [len(t) for t in tail[:-1]] == [1, 0] * len(loop)  # a turn without tools between
+        if case.pattern in ("ab_cycle", "abc_cycle"):
+            width = 2 if case.pattern == "ab_cycle" else 3
+            assert len(set(keys[:width])) == width and keys == (keys[:width] * 10)[: len(keys)]
+        if case.pattern == "critic":
+            assert len({k[1] for k in keys}) == 1 and len({k[2] for k in keys}) > 1
+            assert len({re.sub(r"\d", "#", k[2]) for k in keys}) == 1
+        if case.pattern == "page_walk_same":
+            assert len({k[1] for k in keys}) == len(keys) and len({k[2] for k in keys}) == 1
+
+
+def test_suites_count_false_stops_blocked_retries_and_catches() -> None:
+    calibration = _load("loop_guard_calibration")
+    gen = calibration.gen
+    [case] = [c for c in gen.healthy_cases(1, seed=0) if c.pattern == "precondition_fix_retry"]
+    retried = case.must_run[0]
+    tool = case.run.steps[retried].tool
+    # stateless=True keeps a known-bad answer whatever else succeeded: the fixed retry is
+    # answered from memory, which the suite counts as a blocked retry
+    pinned = gen.Case(
+        "healthy", "pinned", case.run, 0, case.must_run, {tool: {"stateless": True}, "other": {"no_such": 1}}
+    )
+    loops = [c for c in gen.loop_cases(2, seed=0) if c.pattern == "same_failure"]
+    res = calibration.suites(calibration.Settings(), [pinned, *loops])
+    assert res["healthy"]["pinned"]["blocked_retries"] == 1 and res["dropped_policy_fields"] == ["other.no_such"]
+    same = res["loop"]["same_failure"]
+    assert same["n"] == 2
+    for guard in ("governor", "fuse"):  # every version of either guard stops the identical failing call
+        assert same[guard]["caught"] == 2 and same[guard]["false"] == 0 and same[guard]["missed"] == 0
+        assert 1 <= same[guard]["median_spent"] <= 10
+    # a loop case whose prefix is long enough to be stopped before the loop is a false stop
+    early = gen.Case("loop", "late", loops[0].run, len(loops[0].run.steps) - 1)
+    late = calibration.suites(calibration.Settings(), [early])["loop"]["late"]
+    assert late["governor"]["false"] == 1 and late["false_stops"][0]["context"]
+
+
+def test_the_benchmark_reports_tau2_per_source_and_the_suites(tau2: Path, tmp_path: Path, capsys: Any) -> None:
+    calibration = _load("loop_guard_calibration")
+    out = tmp_path / "report.json"
+    report = calibration.main([str(tau2), "--positions", "1", "--suite-cases", "2", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report, default=str))
+    assert set(report["corpora"]) == set(report["summary"]) == {"tau2/model-a", "tau2/model-b"}
+    a, b = report["summary"]["tau2/model-a"], report["summary"]["tau2/model-b"]
+    assert (a["runs"], a["successful"], b["runs"], b["successful"]) == (2, 1, 2, 0)
+    for guard in ("governor", "fuse"):
+        # the 12 identical lookups, the 10 transfers and the 6 identical failures: all real loops
+        assert a[guard]["loops_failed_runs"]["found"] == 1 and b[guard]["loops_failed_runs"]["found"] == 2
+        assert b[guard]["loops_failed_runs"]["stopped"] == 2  # every version of either guard stops these
+        assert a[guard]["false_stops"] == 0
+    suites = report["suites"]
+    assert set(suites["healthy"]) == set(calibration.gen.HEALTHY) and set(suites["loop"]) == set(calibration.gen.LOOPS)
+    assert all(r["n"] == 2 for s in ("healthy", "loop") for r in suites[s].values())
+    for r in suites["loop"].values():
+        for guard in ("governor", "fuse"):
+            assert r[guard]["false"] + r[guard]["caught"] + r[guard]["missed"] == 2
+    text = capsys.readouterr().out
+    assert "tau2/model-a" in text and "per source" in text and "healthy patterns" in text and "real loops" in text
+    # only the suites, no corpus
+    alone = calibration.evaluate([], calibration.Settings(suite_cases=1))
+    assert alone["corpora"] == {} and alone["suites"]["loop"]["same_failure"]["n"] == 1
+    assert calibration.evaluate([tau2], calibration.Settings(positions=1, suite_cases=0))["suites"] is None

@@ -39,6 +39,7 @@ a ``HookAborted`` stop (:func:`crewai_governor.failures.stop_error`).
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -109,6 +110,27 @@ def _pairs_intact(before: list[Any], after: list[Any]) -> bool:
     answered = set(results)
     was_answered = set(answered_before)
     return all(c in answered for c in calls if c in was_answered)
+
+
+def _untally_poll(context: Any) -> None:
+    """crewAI 1.15 ends a run on the 5th identical (tool, arguments, result) -- its
+    ``check_repeated_tool_call``, counted in the executor's ``_tool_call_counts`` right
+    after these hooks. A tool the user declared a poll (``ToolPolicy(poll=True)``) answers
+    alike by design and the governor bounds it (``max_calls``, ``max_wall_s``), so its call
+    is taken out of that tally. The key is crewAI's own (see that function); nothing else
+    exposes the tally, hence the private attribute, read defensively."""
+    agent = getattr(context, "agent", None)
+    executor = getattr(agent, "agent_executor", None)
+    counts = getattr(executor, "_tool_call_counts", None)
+    if not isinstance(counts, dict):
+        return
+    try:
+        key = hash(
+            json.dumps([context.tool_name, context.tool_input, str(context.tool_result)], sort_keys=True, default=str)
+        )
+    except Exception:  # an argument crewAI could not have hashed either
+        return
+    counts.pop(key, None)
 
 
 class GovernorHooks:
@@ -302,7 +324,11 @@ class GovernorHooks:
         return None
 
     def after_tool_call(self, context: Any) -> str | None:
-        if not self.active or not self._blocked:
+        if not self.active:
+            return None
+        if self.governor.rt.policy("tool", str(getattr(context, "tool_name", ""))).poll:
+            _untally_poll(context)
+        if not self._blocked:
             return None
         with self._lock:
             entry = self._blocked.pop(id(context.tool_input), None)

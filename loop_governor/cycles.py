@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import AgentToolError, FatalError
 from loop_governor.fingerprint import Fingerprint, walks
-from loop_governor.ladder import withdraw
+from loop_governor.ladder import withdraw, withdraw_at
 from loop_governor.progress import OK, Verdict, annotate, withdraws_text
 
 if TYPE_CHECKING:
@@ -72,6 +72,13 @@ class CycleTracker:
         turn.add(key)
         return False
 
+    def push_unique(self, call: Call) -> None:
+        """A step that repeats nothing (a declared poll): every running match ends."""
+        self._history.append((call.name, _UNIQUE, call))
+        if len(self._history) > _HISTORY:
+            del self._history[0]
+        self.reset()
+
     def tools_of(self, period: int) -> set[str]:
         """The tools of the last ``period`` steps (the cycle's)."""
         return {tool for tool, _, _ in self._history[-period:]}
@@ -109,11 +116,14 @@ class CycleTracker:
 _FULL_LIMIT = 1024  # longer results are compared in their cheap form only (cost per call)
 
 
+_UNIQUE = Fingerprint("\x00a step that matches nothing\x00")
+
+
 def _same_step(step: tuple[str, Fingerprint, Call], tool: str, result: Fingerprint, call: Call) -> bool:
     """Whether ``call`` (its ``result``) repeats an earlier step. Results first: they
     differ for most steps, and comparing them is cheaper than normalizing arguments."""
     t, r, c = step
-    if t != tool:
+    if t != tool or r is _UNIQUE:
         return False
     if result.cheap != r.cheap:
         # the same call answered alike but for ids or quoted values? Only short answers
@@ -156,8 +166,9 @@ class Cycles(Policy):
         if tracker.parallel_repeat(call, scope.decision):
             return OK
         if result is None or call.policy.poll:
-            result = Fingerprint(f"\x00unique\x00{id(call)}")  # a poll repeats by design: no match
-        return tracker.push(call, result, call.policy.escalation_repeats)
+            tracker.push_unique(call)  # a poll repeats by design: a step that matches nothing
+            return OK
+        return tracker.push(call, result, withdraw_at(call.policy.escalation_repeats))
 
     def after_success(self, call: Call, result: Any) -> Any:
         if call.same_decision:

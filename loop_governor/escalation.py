@@ -104,6 +104,8 @@ class Escalation(Policy):
         if kind not in _AVAILABILITY:
             about = f"{about}@{scope.world}"  # in this world: a fix since starts it over
         key, repeat = (kind, about), subject[1]
+        # the ladder: told, answered from memory (or refused) ``escalation_repeats`` more
+        # times, then withdrawn; the next call of it ends the run
         told, limit = scope.told, call.policy.escalation_repeats
         invocation, decision = call.invocation, scope.decision
         seen = told.get(key)

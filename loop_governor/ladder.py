@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from loop_governor.scope import TaskScope
 
 
+def withdraw_at(repeats: int) -> int:
+    """After a warning, the repeat that withdraws the tool, for ``escalation_repeats``: the
+    one before the last, so the stop (the next call of the withdrawn tool) comes where a
+    stop always came -- ``escalation_repeats`` repeats after the warning (at least one
+    repeat withdraws, at least one more ends the run)."""
+    return max(1, repeats - 1)
+
+
 # stops for identical calls with identical answers: what a poll does by design
 _IDENTICAL = frozenset({"no_progress", "cycle"})
 

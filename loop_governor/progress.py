@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.fingerprint import Fingerprint, result_text, walks
-from loop_governor.ladder import withdraw
+from loop_governor.ladder import withdraw, withdraw_at
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -236,7 +236,7 @@ class NoProgress(Policy):
         verdict = scope.progress.observe(
             tool,
             call.fingerprint(result),
-            call.policy.escalation_repeats,
+            withdraw_at(call.policy.escalation_repeats),
             (call.args, call.kwargs),
             lambda: call.args_signature,
             scope.decision,

@@ -53,7 +53,8 @@ def test_near_identical_failing_calls_end_the_task_after_the_loop_warning(gov: l
 
     with gov.task("t"), pytest.raises(lg.NoProgressError) as stop:
         stubborn(gov, "book", book, *[(f"UA{100 + i}",) for i in range(50)])
-    # 3 failures with one signature -> LoopDetectedError (told); 2 more end the task
+    # 3 failures with one signature -> LoopDetectedError (told); 2 more withdraw the tool,
+    # the next call of it ends the task without running
     assert len(calls) == 5 and stop.value.info.code == "repeated_failure"
 
 
@@ -129,10 +130,10 @@ def test_per_tool_escalation_override(clock: VirtualClock) -> None:
 @pytest.mark.parametrize(
     ("name", "calls", "expected"),
     [
-        ("A-B", [("search", "q"), ("open", "u")], 7),
-        ("A-B-C", [("search", "q"), ("open", "u"), ("summarize", "s")], 9),
-        ("A-B-C-D", [("search", "q"), ("open", "u"), ("summarize", "s"), ("save", "f")], 11),
-        ("within one tool", [("bash", "pytest -x"), ("bash", "git diff")], 7),
+        ("A-B", [("search", "q"), ("open", "u")], 6),
+        ("A-B-C", [("search", "q"), ("open", "u"), ("summarize", "s")], 8),
+        ("A-B-C-D", [("search", "q"), ("open", "u"), ("summarize", "s"), ("save", "f")], 10),
+        ("within one tool", [("bash", "pytest -x"), ("bash", "git diff")], 6),
     ],
 )
 def test_cycles_with_unchanged_results_end_the_task(
@@ -144,7 +145,7 @@ def test_cycles_with_unchanged_results_end_the_task(
             tool, arg = calls[i % len(calls)]
             made.append(tool)
             gov.call(tool, lambda a: f"the same output for {a.split()[0]}", arg)
-    # warned when the cycle first repeated in full, its tools withdrawn 2 steps later, the
+    # warned when the cycle first repeated in full, its tools withdrawn the step after, the
     # next call of one ends the task
     assert len(made) == expected and stop.value.info.code == "cycle"
 
@@ -164,7 +165,7 @@ def test_walking_a_pager_that_keeps_returning_nothing_is_no_progress(gov: lg.Gov
         for page in range(100):
             pages.append(page)
             gov.call("list_orders", lambda **kw: "[]", customer="c1", page=page, limit=50)
-    assert len(pages) == 6 and stop.value.info.code == "cycle"
+    assert len(pages) == 5 and stop.value.info.code == "cycle"
 
 
 def test_walking_a_pager_through_real_results_is_progress(gov: lg.Governor) -> None:
@@ -296,7 +297,7 @@ def test_a_line_range_walking_through_a_file_with_the_same_answer_is_no_progress
         for start in range(400, 2000, 50):
             commands.append(start)
             gov.call("bash", lambda c: "", f"sed -n '{start},{start + 49}p' models.py")
-    assert len(commands) == 6 and stop.value.info.code == "cycle"
+    assert len(commands) == 5 and stop.value.info.code == "cycle"
 
 
 def test_a_batch_over_numbered_items_is_progress(gov: lg.Governor) -> None:

@@ -44,7 +44,10 @@ def _bounds(field: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """One table cell: pipes escaped outside code spans (Python-Markdown's tables already
+    ignore a pipe inside backticks, and would show an escaped one literally there)."""
+    parts = text.replace("\n", " ").split("`")
+    return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
 
 
 def table(path: str) -> str:

@@ -75,6 +75,7 @@ def test_the_configuration_reference_lists_every_field_with_its_default(site: Pa
         for name in model.model_fields:
             assert name in text, f"{model.__name__}.{name}"
     assert "LOOP_GOVERNOR_RETRY_MAX_ATTEMPTS" in text
+    assert "int | None" in text and "\\|" not in text  # a type's pipe reads as one
     assert "attempts per call, first included" in text  # the field's own description
     assert re.search(r"retry_max_attempts .{0,120}\b3\b", text)  # and its default
 
@@ -84,6 +85,13 @@ def test_the_api_reference_and_the_changelog_are_rendered(site: Path) -> None:
     for name in ("Governor", "GovernorMiddleware", "FatalError", "classify", "install"):
         assert name in api
     assert "Unreleased" in _text(site, "changelog")  # CHANGELOG.md, included
+
+
+def test_no_page_points_the_reader_at_the_projects_internals() -> None:
+    for page in (ROOT / "docs").glob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        for word in ("../shared", "seed 004", "Agent Lens", "seeds'"):
+            assert word not in text, f"{page.name}: {word}"
 
 
 def test_plain_pytest_nbmake_collects_the_notebooks_without_the_dev_only_plugins() -> None:

@@ -207,4 +207,5 @@ def test_the_docs_have_python_snippets_and_each_runs_or_compiles() -> None:
     counts = {page.name: [mode for mode, _ in _snippets(page)] for page in DOCS}
     assert sum(len(modes) for modes in counts.values()) >= 20
     # most of what the site shows runs; compile-only is the exception
-    assert sum(modes.count("compile") for modes in counts.values()) <= 5, counts
+    compiled = sum(modes.count("compile") for modes in counts.values())
+    assert compiled * 4 <= sum(len(modes) for modes in counts.values()), counts

@@ -127,9 +127,10 @@ def logger_restored() -> Iterator[None]:
     logger.handlers[:] = handlers
 
 
-def _run_page(path: Path, names: dict[str, Any]) -> dict[str, Any]:
+def _run_page(path: Path, names: dict[str, Any], upto: int | None = None) -> dict[str, Any]:
+    """Run the page's snippets (the first ``upto`` of them if given) in one namespace."""
     namespace: dict[str, Any] = dict(names)
-    for number, (mode, code) in enumerate(_snippets(path), 1):
+    for number, (mode, code) in enumerate(_snippets(path)[:upto], 1):
         compiled = compile(code, f"{path.name} python snippet {number}", "exec")
         if mode == "compile":
             continue
@@ -209,3 +210,47 @@ def test_the_docs_have_python_snippets_and_each_runs_or_compiles() -> None:
     # most of what the site shows runs; compile-only is the exception
     compiled = sum(modes.count("compile") for modes in counts.values())
     assert compiled * 4 <= sum(len(modes) for modes in counts.values()), counts
+
+
+def test_the_readmes_stop_snippet_catches_a_run_the_governor_stops(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    openai_server: OpenAIServer,
+    logger_restored: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The "When the governor stops a run" snippet, with a model that repeats a failing call
+    whatever it reads: the stop arrives as the FatalError the snippet catches, with its code."""
+    monkeypatch.chdir(tmp_path)
+    names = _names(openai_server)
+    calls: list[str] = []
+
+    @tool
+    def search(query: str) -> str:
+        """Search the docs."""
+        calls.append(query)
+        raise FileNotFoundError("HTTP 404: no document named refunds-2019.pdf")
+
+    def script(messages: list[BaseMessage]) -> AIMessage:
+        turn = sum(isinstance(m, AIMessage) for m in messages)
+        call = {"name": "search", "args": {"query": "refunds-2019"}, "id": f"call_{turn}", "type": "tool_call"}
+        return AIMessage(content="", tool_calls=[call])
+
+    snippets = _snippets(README)
+    stop_block = next(i for i, (_, code) in enumerate(snippets) if "except lg.FatalError as stop" in code)
+    namespace = _run_page(README, names, upto=stop_block)  # the snippets before it, as written
+    # the quickstart's agent, built as the quickstart builds it, on the looping model and the failing tool
+    from langchain.agents import create_agent
+
+    from langchain_governor import GovernorMiddleware
+
+    namespace["agent"] = create_agent(
+        ScriptedChatModel(script=script), tools=[search], middleware=[GovernorMiddleware(namespace["governor"])]
+    )
+    exec(compile(snippets[stop_block][1], "README.md stop snippet", "exec"), namespace)
+
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == "repeated_failure"  # print(stop.info.code)
+    assert "search" in printed[-2]  # print(stop): the reason names the tool
+    assert isinstance(namespace["kept"], list)  # stop.partial_results
+    assert len(calls) == 1  # the repeats were answered from memory, then the run was stopped

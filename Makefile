@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine (no root needed):
 #   make demo   - create .venv, install, run the main job
-#   make test   - create .venv, install everything (all extras + dev), run the whole suite
+#   make test   - create .venv, install everything (all extras + dev + docs), run the whole suite
+#                 (it also builds the docs site with `mkdocs build --strict` and a wheel)
 #   make compat - LangChain's, LangGraph's and crewAI's own test suites, unchanged and with
 #                 the governor injected (sdists of the installed releases, cached in build/compat)
 PYTHON ?= python3
@@ -22,11 +23,11 @@ $(BASE_STAMP): pyproject.toml | $(PY)
 	@touch $@
 
 $(ALL_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[all,dev]'
+	$(PY) -m pip install -q -e '.[all,dev,docs]'
 	@touch $@ $(BASE_STAMP)
 
 $(COMPAT_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[all,dev,compat]'
+	$(PY) -m pip install -q -e '.[all,dev,docs,compat]'
 	@touch $@ $(ALL_STAMP) $(BASE_STAMP)
 
 demo: $(BASE_STAMP)

@@ -34,7 +34,7 @@ from loop_governor.cycles import Cycles
 from loop_governor.errors import AgentToolError, CircuitOpenError, FatalError, GovernedError
 from loop_governor.escalation import Escalation
 from loop_governor.events import Subscriber, call_context
-from loop_governor.known_bad import KnownBad
+from loop_governor.known_bad import KnownBad, World
 from loop_governor.ladder import Withdrawn
 from loop_governor.outcome import circuit_open
 from loop_governor.progress import NoProgress
@@ -117,6 +117,7 @@ class Governor:
                 Escalation(rt),
                 NoProgress(rt),
                 *([Cycles(rt)] if rt.config.cycle_detection else []),
+                World(),
                 RunStop(rt),  # last: whatever stopped the run, its checkpoint is saved
             ],
             [RateLimit(rt), Breaker(rt), budget.RetryBudget(rt), Compaction()],

@@ -56,6 +56,22 @@ class BadCalls:
         return recorded is not None and recorded != world and not call.policy.stateless
 
 
+class World(Policy):
+    """Moves the task's world on after each success of a tool that may change state (the
+    failures, warnings and verdicts recorded before describe the world as it was). Last in
+    the chain but the run stop, so the guards of this very call still see the world it
+    was made in."""
+
+    kinds = frozenset({TOOL})
+    __slots__ = ()
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        scope = call.scope
+        if scope is not None and not call.policy.read_only:
+            scope.world += 1
+        return result
+
+
 class KnownBad(Policy):
     """Replays the stored outcome of a known-bad call; records new permanent failures."""
 
@@ -82,12 +98,6 @@ class KnownBad(Policy):
             return None
         call.stop_reason = "known_bad"
         raise error_from_info(info)
-
-    def after_success(self, call: Call, result: Any) -> Any:
-        scope = call.scope
-        if scope is not None and not call.policy.read_only:
-            scope.world += 1  # it may have changed what earlier failures depended on
-        return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         scope = call.scope

@@ -126,11 +126,14 @@ class ProgressGuard:
         signature: tuple[int, int] | Callable[[], tuple[int, int]] | None = None,
         decision: int | None = None,
         args_text: Callable[[], str] | None = None,
+        world: tuple[int, int] | None = None,
     ) -> Verdict:
         """Feed one successful tool result (the arguments it answered, and their
         :func:`~loop_governor.fingerprint.args_signature`, or a function computing it: it is
-        needed only when a result repeats; the model decision the call carries out);
-        returns what to do about it."""
+        needed only when a result repeats; the model decision the call carries out; the
+        task's world when it was made, and 1 if its own success moves the world on, else 0);
+        returns what to do about it. The same answer again after something that may change
+        state succeeded in between is a re-check after a fix, not a verdict repeating."""
         if result is None:
             return OK
         fp = result if isinstance(result, Fingerprint) else Fingerprint(result)
@@ -138,8 +141,8 @@ class ProgressGuard:
         prev = by_tool.get(tool)
         if prev is not None and decision is not None and prev.decision == decision:
             return OK  # a parallel call of the same model turn: one decision, not a repeat
-        seen = _Seen(fp, args, signature, decision, args_text)
-        if prev is None or not seen.repeats(prev):
+        seen = _Seen(fp, args, signature, decision, args_text, world)
+        if prev is None or prev.moved(world) or not seen.repeats(prev):
             by_tool[tool] = seen  # a new verdict: no streak (triviality doesn't matter yet)
             return OK
         if is_trivial(fp.text, self.trivial_chars):
@@ -161,7 +164,7 @@ class ProgressGuard:
 class _Seen:
     """One tool's latest result, with what is needed to compare the next one to it."""
 
-    __slots__ = ("_signature", "_text", "args", "decision", "fp", "streak")
+    __slots__ = ("_signature", "_text", "args", "decision", "fp", "streak", "world")
 
     def __init__(
         self,
@@ -170,7 +173,9 @@ class _Seen:
         signature: tuple[int, int] | Callable[[], tuple[int, int]] | None,
         decision: int | None = None,
         text: Callable[[], str] | None = None,
+        world: tuple[int, int] | None = None,
     ) -> None:
+        self.world = world
         self.fp = fp
         self.args = args
         self._signature = signature
@@ -184,6 +189,14 @@ class _Seen:
         if callable(sig):
             sig = self._signature = sig()
         return sig
+
+    def moved(self, world: tuple[int, int] | None) -> bool:
+        """Whether the world moved on since this call was made, by something else than its
+        own success (``world``: the next call's world)."""
+        if world is None or self.world is None:
+            return False
+        then, own = self.world
+        return world[0] - then > own
 
     def walked_from(self, prev: _Seen) -> bool:
         """Whether the arguments differ from ``prev``'s only in numbers that walk (a line
@@ -241,6 +254,7 @@ class NoProgress(Policy):
             lambda: call.args_signature,
             scope.decision,
             lambda: call.args_text,
+            (scope.world, 0 if call.policy.read_only else 1),
         )
         if verdict is OK:
             return result

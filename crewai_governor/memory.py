@@ -44,6 +44,10 @@ class GovernedStorage:
     the crew goes on without that memory. Reads (``search``, ``get_record``, ``list_*``,
     ``count``...) return the backend's answer untouched, through the same governed call.
     Anything else the backend offers (``touch_records``, ``close``...) is passed through.
+
+    crewAI embeds a record before the backend sees it, so a redacted or trimmed record keeps
+    the embedding of its original text unless ``embedder`` (the ``Memory``'s embedder, a
+    callable ``list[str] -> embeddings``) is given: then changed records are embedded again.
     """
 
     def __init__(
@@ -53,10 +57,14 @@ class GovernedStorage:
         *,
         name: str | None = None,
         dedupe: bool = True,
+        embedder: Callable[[list[str]], Any] | None = None,
     ) -> None:
         if not isinstance(inner, StorageBackend):
             raise TypeError(f"inner: expected a crewAI StorageBackend, got {type(inner).__name__}")
+        if embedder is not None and not callable(embedder):
+            raise TypeError("embedder: expected a callable list[str] -> embeddings (the Memory's embedder)")
         self.inner = inner
+        self.embedder = embedder
         self.guard = MemoryGuard(resolve_governor(governor), name or type(inner).__name__, dedupe=dedupe)
 
     @property
@@ -82,6 +90,7 @@ class GovernedStorage:
         """Records to save and older records to update, after the filter."""
         fresh: list[MemoryRecord] = []
         updates: list[MemoryRecord] = []
+        changed: list[MemoryRecord] = []
         for record in records:
             write = self.guard.admit(record.scope, record.id, record.content, check=record.metadata or None)
             if write.action == "drop":
@@ -96,7 +105,19 @@ class GovernedStorage:
                 changes["id"] = write.existing
             out = record.model_copy(update=changes) if changes else record
             (updates if write.action == "update" else fresh).append(out)
+            if "content" in changes:
+                changed.append(out)
+        self._reembed(changed)
         return fresh, updates
+
+    def _reembed(self, changed: list[MemoryRecord]) -> None:
+        """Embed records whose text the filter changed (with the ``embedder``, if any)."""
+        if not changed or self.embedder is None:
+            return
+        from crewai.memory.types import embed_texts
+
+        for record, vector in zip(changed, embed_texts(self.embedder, [r.content for r in changed]), strict=True):
+            record.embedding = vector
 
     def save(self, records: list[MemoryRecord]) -> None:
         fresh, updates = self._plan(list(records))

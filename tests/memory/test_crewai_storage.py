@@ -210,3 +210,21 @@ def test_install_without_memory_leaves_the_factory_alone(governor: lg.Governor) 
     before = factory._factory
     with install(governor):
         assert factory._factory is before
+
+
+def test_changed_records_are_embedded_again_with_the_memorys_embedder(
+    storage: Any, governor: lg.Governor, mk: Any
+) -> None:
+    other = mk.DictStorage()
+    secret = mk.record(f"the key is api_key={mk.SECRET}")
+    clean = mk.record("nothing to hide here")
+
+    GovernedStorage(other, governor).save([secret])
+    GovernedStorage(storage, governor, embedder=mk.hash_embedder).save([secret, clean])
+
+    assert other.records[secret.id].embedding == secret.embedding  # crewAI's vector of the original text
+    stored = storage.records[secret.id]
+    assert stored.embedding == mk.hash_embedder([stored.content])[0] != secret.embedding
+    assert storage.records[clean.id].embedding == clean.embedding  # unchanged: not embedded again
+    with pytest.raises(TypeError, match="embedder"):
+        GovernedStorage(storage, governor, embedder="openai")  # type: ignore[arg-type]

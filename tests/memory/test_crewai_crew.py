@@ -105,3 +105,46 @@ def test_the_same_crew_without_the_wrapper_stores_the_failure(tmp_path: Any, gov
     stored = [r.content for r in lance.list_records()]
     assert len(stored) == 2 and any('"error":{"type":"permanent"' in s for s in stored)
     memory.close()
+
+
+def test_a_crew_whose_memory_backend_refuses_writes_completes(
+    governor: lg.Governor, events: list[dict[str, Any]], mk: Any
+) -> None:
+    """A store that reads but cannot write (a read-only replica, a full disk): crewAI's
+    save flow reads it, then the write fails, is retried, and degrades to an event."""
+    storage = mk.DictStorage()
+    writes: list[int] = []
+
+    def refuse(_records: Any) -> None:
+        writes.append(1)
+        raise mk.HTTPError(503, "vector db is read-only")
+
+    storage.save = refuse
+    memory = _memory(GovernedStorage(storage, governor), mk)
+    crew, _ = _crew(memory, governor, mk)
+
+    with install(governor):
+        out = crew.kickoff()
+    memory.drain_writes()
+
+    assert len(out.tasks_output) == 2 and "metric units" in out.tasks_output[1].raw
+    assert storage.records == {} and len(writes) == governor.config.retry_max_attempts
+    (failed,) = mk.named(events, "memory_save_failed")
+    assert failed["tool"] == "memory:DictStorage" and failed["error_type"] == "transient"
+
+
+def test_a_crew_whose_memory_backend_is_down_completes(governor: lg.Governor, mk: Any) -> None:
+    """Reads fail too: crewAI's save flow gets the typed error from its first read and drops
+    the save on its own; the crew is not affected."""
+    storage = mk.DictStorage()
+    storage.faults.forever = mk.HTTPError(503, "vector db unavailable")
+    memory = _memory(GovernedStorage(storage, governor), mk)
+    crew, _ = _crew(memory, governor, mk)
+
+    with install(governor):
+        out = crew.kickoff()
+    memory.drain_writes()
+
+    assert len(out.tasks_output) == 2 and "metric units" in out.tasks_output[1].raw
+    assert storage.records == {}
+    assert governor.breaker_state("memory:DictStorage").value == "open"

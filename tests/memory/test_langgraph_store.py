@@ -194,3 +194,17 @@ def test_create_agent_with_a_bare_store_remembers_the_failure(governor: lg.Gover
 
     facts = [i.value["fact"] for i in inner.search(("memories", "u1"))]
     assert len(facts) == 2 and any('"error":{"type":"permanent"' in f for f in facts)
+
+
+def test_an_agent_whose_store_is_down_completes(
+    governor: lg.Governor, events: list[dict[str, Any]], mk: Any, make_store: Any
+) -> None:
+    inner = make_store()
+    inner.faults.forever = mk.HTTPError(503, "store unavailable")
+
+    result = _agent(GovernedStore(inner, governor), governor, mk).invoke({"messages": [("user", "remember")]})
+
+    assert result["messages"][-1].content == "noted"
+    saved = [m.content for m in result["messages"] if isinstance(m, ToolMessage) and m.name == "remember"]
+    assert saved == ["saved", "saved"]  # the tool's put did not raise: the write degraded
+    assert len(mk.named(events, "memory_save_failed")) == 1  # the poisoned put never tried the store

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from lg_crewai_env import offline_crewai  # noqa: E402
+from lg_crewai_env import offline_crewai
 
 offline_crewai(prefix="lg-bench-memory-")
 
@@ -148,14 +148,9 @@ def main() -> None:
     fast = {**crewai_cases(DictBackend(), governor, "dict"), **langgraph_cases(governor)}
     result = medians(fast, opts.rounds, opts.calls)
     with tempfile.TemporaryDirectory() as tmp:
-        lance_bare = LanceDBStorage(path=os.path.join(tmp, "bare"))
-        lance_gov = LanceDBStorage(path=os.path.join(tmp, "governed"))
-        cases = crewai_cases(lance_bare, governor, "LanceDB")
-        gov = crewai_cases(lance_gov, governor, "LanceDB")
-        # one table each, so neither case pays for the other's growth
-        cases["LanceDB save governed"] = gov["LanceDB save governed"]
-        cases["LanceDB search governed"] = gov["LanceDB search governed"]
-        result.update(medians(cases, opts.rounds, opts.lance_calls))
+        # one table for both cases, in interleaved rounds: both pay for its growth alike
+        lance = LanceDBStorage(path=os.path.join(tmp, "lance"))
+        result.update(medians(crewai_cases(lance, governor, "LanceDB"), opts.rounds, opts.lance_calls))
     report(result)
 
 

@@ -194,3 +194,21 @@ def test_misuse_fails_at_construction(governor: lg.Governor, kwargs: dict[str, A
     args = {"backend": "Dict", **kwargs}
     with pytest.raises(ValueError, match=param):
         MemoryGuard(governor, args.pop("backend"), **args)
+
+
+def test_cancellation_is_not_a_failed_write(governor: lg.Governor) -> None:
+    guard = MemoryGuard(governor, "Dict")
+
+    def interrupted(_: Any) -> None:
+        raise KeyboardInterrupt
+
+    async def cancelled(_: Any) -> None:
+        raise asyncio.CancelledError
+
+    with governor.task("t1") as task:
+        with pytest.raises(KeyboardInterrupt):
+            guard.write(interrupted, "r")
+        assert lg.Governor.current_task() is task  # the caller's task scope is back
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(guard.awrite(cancelled, "r"))
+    assert guard.stats.save_failures == 0

@@ -16,11 +16,11 @@ import loop_governor as lg
 from crewai_governor import GovernedStorage, install
 
 
-def test_it_is_a_storage_backend(storage: Any, governor: lg.Governor) -> None:
+def test_it_is_a_storage_backend(storage: Any, governor: lg.Governor, tmp_path: Any) -> None:
     wrapped = GovernedStorage(storage, governor)
     assert isinstance(storage, StorageBackend)
     assert isinstance(wrapped, StorageBackend)
-    assert isinstance(GovernedStorage(LanceDBStorage(path="unused-path"), governor), StorageBackend)
+    assert isinstance(GovernedStorage(LanceDBStorage(path=str(tmp_path / "lance")), governor), StorageBackend)
     assert wrapped.guard.tool == "memory:DictStorage"
 
 

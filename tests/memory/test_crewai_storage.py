@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import lg_crewai
 import pytest
 from crewai.memory.storage import factory
 from crewai.memory.storage.backend import StorageBackend
@@ -228,3 +229,16 @@ def test_changed_records_are_embedded_again_with_the_memorys_embedder(
     assert storage.records[clean.id].embedding == clean.embedding  # unchanged: not embedded again
     with pytest.raises(TypeError, match="embedder"):
         GovernedStorage(storage, governor, embedder="openai")  # type: ignore[arg-type]
+
+
+def test_install_memory_governs_a_crew_built_with_memory_true(governor: lg.Governor) -> None:
+    llm = lg_crewai.ScriptedLLM(model="scripted", script=[lg_crewai.Final("ok")])
+    build = {"role": "r", "goal": "g", "tasks": [("t", "o")], "max_iter": 2, "memory": True}
+
+    with install(governor, memory=True):
+        governed = lg_crewai.make_crew(llm, **build)
+    plain = lg_crewai.make_crew(llm, **build)
+
+    assert isinstance(governed._memory._storage, GovernedStorage)
+    assert isinstance(governed._memory._storage.inner, LanceDBStorage)
+    assert isinstance(plain._memory._storage, LanceDBStorage)

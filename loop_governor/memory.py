@@ -39,7 +39,7 @@ from loop_governor.classify import normalize_message
 from loop_governor.context.text import digest, head_tail, map_strings, strip_blobs_text
 from loop_governor.errors import AgentToolError
 from loop_governor.redaction import is_secret_key, mask_secret, redact
-from loop_governor.scope_vars import _SCOPE
+from loop_governor.scope_vars import _CALL_META, _SCOPE
 
 if TYPE_CHECKING:
     from loop_governor.governor import Governor
@@ -341,11 +341,16 @@ def _scope_text(scope: Hashable) -> str:
 
 @contextlib.contextmanager
 def _own_task() -> Iterator[None]:
-    """Run the backend call outside the caller's task scope (see the module docstring)."""
+    """Run the backend call outside the caller's task scope (see the module docstring); its
+    events still name the caller's task, so the trace shows the call inside that task."""
+    scope = _SCOPE.get()
     token = _SCOPE.set(None)
+    meta = _CALL_META.set({**(_CALL_META.get() or {}), "task_id": scope.task_id}) if scope is not None else None
     try:
         yield
     finally:
+        if meta is not None:
+            _CALL_META.reset(meta)
         _SCOPE.reset(token)
 
 

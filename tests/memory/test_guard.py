@@ -155,7 +155,9 @@ def test_a_failed_read_raises_the_typed_error(governor: lg.Governor, mk: Any) ->
     assert info.value.info.tool == "memory:Dict"
 
 
-def test_backend_calls_stay_out_of_the_callers_task(governor: lg.Governor, mk: Any) -> None:
+def test_backend_calls_stay_out_of_the_callers_task(
+    governor: lg.Governor, events: list[dict[str, Any]], mk: Any
+) -> None:
     """A memory write is not a step of the agent: it spends none of the task's retry budget."""
     guard = MemoryGuard(governor, "Dict")
     seen: list[Any] = []
@@ -164,10 +166,14 @@ def test_backend_calls_stay_out_of_the_callers_task(governor: lg.Governor, mk: A
         seen.append(lg.Governor.current_task())
         raise mk.HTTPError(503, "down")
 
-    with governor.task("t1") as task:
+    with governor.task("t1") as task, governor.call_context(tool_call_id="call_7"):
         guard.write(down, "r")
         assert lg.Governor.current_task() is task
     assert seen and all(s is None for s in seen)
+    assert task.tool_calls == 0 and task.steps == 0  # not a step of the task
+    # the trace still shows the call inside the caller's task
+    calls = [e for e in events if e["event"] == "tool_call" and e["tool"] == "memory:Dict"]
+    assert calls and all(e["task_id"] == "t1" and e["tool_call_id"] == "call_7" for e in calls)
 
 
 def test_async_twins_share_the_decisions(governor: lg.Governor, mk: Any) -> None:

@@ -36,6 +36,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from loop_governor.classify import normalize_message
+
+# The error shapes agents actually see as tool results: the governor's JSON, crewAI's "Error
+# executing tool", LangGraph's "Error: ..." -- the list the pruner's health figure judges by.
+from loop_governor.context.health import _ERROR_PREFIXES as _FAILED_PREFIXES
 from loop_governor.context.text import digest, head_tail, map_strings, strip_blobs_text
 from loop_governor.errors import AgentToolError
 from loop_governor.redaction import is_secret_key, mask_secret, redact
@@ -52,9 +56,6 @@ Reason = Literal["governed_error", "traceback", "failed_result"]
 # inside another JSON string (a tool result quoted into a record).
 _GOVERNED_JSON = re.compile(r'\{\\*"error\\*":\s*\{\\*"type\\*":\s*\\*"(?:transient|permanent|fatal)\\*"')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):|^\s*File \"[^\"\n]+\", line \d+, in ", re.M)
-# The error shapes agents actually see as tool results (the pruner's health figure uses the
-# same ones): the governor's JSON, crewAI's "Error executing tool", LangGraph's "Error: ...".
-_FAILED_PREFIXES = ('{"error"', "Error executing tool", "Error:")
 # Keys a record carries its own failure mark under.
 _STATUS_KEYS = ("status", "tool_status")
 
@@ -132,8 +133,8 @@ def failure_reason(value: Any) -> Reason | None:
 
 
 def _redact_value(value: Any) -> Any:
-    """``redact_obj`` that returns the same object when nothing changed (records are
-    compared by identity to count redactions) and keeps tuples."""
+    """:func:`~loop_governor.redaction.redact_obj` that returns the same object when nothing
+    changed (the guard counts redactions by identity) and keeps tuples as tuples."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, Mapping):
@@ -144,9 +145,11 @@ def _redact_value(value: Any) -> Any:
             changed = changed or nv != v
             out[k] = nv
         return out if changed else value
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         items = [_redact_value(v) for v in value]
-        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+        if not any(a is not b for a, b in zip(items, value, strict=True)):
+            return value
+        return items if isinstance(value, list) else tuple(items)
     return value
 
 

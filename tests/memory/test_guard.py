@@ -76,7 +76,9 @@ def test_secrets_are_redacted_with_the_shared_rules(governor: lg.Governor, mk: A
 
     assert mk.SECRET not in text and lg.redact(f"OPENAI_API_KEY={mk.SECRET}") in text
     assert value == {"password": "[REDACTED]", "note": "key [REDACTED]"}
-    assert guard.stats.redacted == 2
+    nested = guard.admit(("u",), "t", {"pair": ("login", f"api_key={mk.SECRET}"), "n": [1, None]}).value
+    assert nested == {"pair": ("login", "api_key=[REDACTED]"), "n": [1, None]}
+    assert guard.stats.redacted == 3
 
 
 def test_blobs_are_stripped_and_long_records_cut_head_and_tail(governor: lg.Governor) -> None:

@@ -127,6 +127,26 @@ def langgraph_cases(governor: lg.Governor) -> dict[str, Callable[[], Any]]:
     }
 
 
+def breakdown_cases(governor: lg.Governor) -> dict[str, Callable[[], Any]]:
+    """Where a governed save's time goes: the write filter, and the governed call itself."""
+    from loop_governor.classify import normalize_message
+    from loop_governor.memory import MemoryGuard
+
+    guard = MemoryGuard(governor, "breakdown")
+    source, ids = texts(5), iter(range(10**9))
+    sample = next(texts(6))
+
+    def noop(_: Any) -> None:
+        return None
+
+    return {
+        "filter (admit one record)": lambda: guard.admit("/", next(ids), next(source)),
+        "  of which normalize_message": lambda: normalize_message(sample, limit=None),
+        "  of which redact": lambda: lg.redact(sample),
+        "governed backend call (no-op)": lambda: guard.write(noop, None),
+    }
+
+
 def report(result: dict[str, float]) -> None:
     print(f"{'case':<34}{'bare us':>10}{'governed us':>14}{'overhead us':>14}{'ratio':>8}")
     for name in result:
@@ -135,6 +155,10 @@ def report(result: dict[str, float]) -> None:
         base = name.removesuffix(" bare")
         bare, gov = result[name], result[f"{base} governed"]
         print(f"{base:<34}{bare:>10.1f}{gov:>14.1f}{gov - bare:>14.1f}{gov / bare:>8.2f}")
+    print(f"\n{'per save, where the time goes':<34}{'us':>10}")
+    for name, value in result.items():
+        if not name.endswith((" bare", " governed")):
+            print(f"{name:<34}{value:>10.1f}")
 
 
 def main() -> None:
@@ -145,7 +169,7 @@ def main() -> None:
     opts = parser.parse_args()
     governor = lg.Governor(lg.GovernorConfig())
 
-    fast = {**crewai_cases(DictBackend(), governor, "dict"), **langgraph_cases(governor)}
+    fast = {**crewai_cases(DictBackend(), governor, "dict"), **langgraph_cases(governor), **breakdown_cases(governor)}
     result = medians(fast, opts.rounds, opts.calls)
     with tempfile.TemporaryDirectory() as tmp:
         # one table for both cases, in interleaved rounds: both pay for its growth alike

@@ -10,6 +10,9 @@ Swap a crew's tools for governed ones and, optionally, install the hooks for one
     with install(g, pruner_factory=ContextPruner):
         crew.kickoff()
 
+Long-term memory: ``Memory(storage=GovernedStorage(backend))``, or ``install(g, memory=True)``
+for every ``Memory`` built while installed (failures, secrets and repeats kept out).
+
 The adapter holds no governance logic: retries, breakers, budgets and classification
 live in :mod:`loop_governor`; this package only maps them onto crewAI's plug points.
 """

@@ -88,9 +88,13 @@ def medians(cases: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dic
     samples: dict[str, list[float]] = {name: [] for name in cases}
     gc.disable()
     try:
-        for _ in range(rounds):  # interleaved: drift hits every case alike
-            for name, fn in cases.items():
-                samples[name].append(per_call_us(fn, calls))
+        names = list(cases)
+        for n in range(rounds):
+            # interleaved, and in reverse order every other round: drift hits every case
+            # alike, and no case always runs first after the writes (LanceDB's first search
+            # after a write pays for loading the new fragments)
+            for name in names if n % 2 == 0 else reversed(names):
+                samples[name].append(per_call_us(cases[name], calls))
     finally:
         gc.enable()
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -11,11 +11,13 @@ from langchain_governor.errors import GovernedFatalError
 from langchain_governor.journal import ToolCallJournal, ToolJournalMiddleware
 from langchain_governor.memory import GovernedChatMessageHistory, make_pre_model_hook
 from langchain_governor.middleware import GovernorMiddleware, GovernorState
+from langchain_governor.store import GovernedStore
 from langchain_governor.tools import GovernedTool, GovernedToolError, govern_tool, govern_tools
 
 __all__ = [
     "GovernedChatMessageHistory",
     "GovernedFatalError",
+    "GovernedStore",
     "GovernedTool",
     "GovernedToolError",
     "GovernorCallbackHandler",

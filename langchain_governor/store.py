@@ -1,0 +1,120 @@
+"""Governed LangGraph long-term memory: a ``BaseStore`` that keeps failures, secrets and repeats out.
+
+``create_agent(..., store=...)`` hands the store to every node and tool of the graph; what
+an agent writes there is read back in every later thread. :class:`GovernedStore` wraps any
+``langgraph.store.base.BaseStore`` (``InMemoryStore``, ``PostgresStore``, ``SqliteStore``)::
+
+    from langgraph.store.memory import InMemoryStore
+    from langchain_governor import GovernedStore
+
+    agent = create_agent(model, tools, store=GovernedStore(InMemoryStore()))
+
+Only ``batch``/``abatch`` are implemented: ``BaseStore`` derives ``put``/``get``/
+``search``/``delete``/``list_namespaces`` and their async twins from them. The decisions
+live in the core (:mod:`loop_governor.memory`); this module maps ``PutOp`` onto them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from langgraph.store.base import BaseStore, Op, PutOp, Result
+
+import loop_governor as lg
+from langchain_governor._common import resolve_governor
+from loop_governor.memory import MemoryGuard
+
+__all__ = ["GovernedStore"]
+
+
+class GovernedStore(BaseStore):
+    """A LangGraph ``BaseStore`` around ``inner``: puts filtered, every batch governed.
+
+    A put whose value is a failure (the governor's error JSON, a traceback, a
+    ``"status": "error"`` mark) is dropped; the rest are redacted (secret-named keys masked
+    whole) and trimmed; a value equal to one stored before in its namespace (after
+    error-signature normalization) updates that item's key instead of adding a copy. A
+    batch of puts that still fails after the governor's retries becomes a
+    ``memory_save_failed`` event (the agent goes on); a batch with reads returns the
+    backend's results untouched, or raises the typed error. The governor's tool name is
+    ``memory:<name>`` (default: the backend's class name).
+    """
+
+    def __init__(
+        self,
+        inner: BaseStore,
+        governor: lg.Governor | None = None,
+        *,
+        name: str | None = None,
+        dedupe: bool = True,
+    ) -> None:
+        if not isinstance(inner, BaseStore):
+            raise TypeError(f"inner: expected a langgraph BaseStore, got {type(inner).__name__}")
+        self.inner = inner
+        self.guard = MemoryGuard(resolve_governor(governor), name or type(inner).__name__, dedupe=dedupe)
+        # put() resolves its default TTL from these before batch() sees the op.
+        self.supports_ttl = inner.supports_ttl
+        self.ttl_config = inner.ttl_config
+
+    @property
+    def governor(self) -> lg.Governor:
+        return self.guard.governor
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Records written, dropped as failures, merged as repeats, redacted, trimmed; failed saves."""
+        return self.guard.stats.as_dict()
+
+    def __repr__(self) -> str:
+        return f"GovernedStore({self.inner!r})"
+
+    def _plan(self, ops: list[Op]) -> tuple[list[Op], list[int | None], bool]:
+        """The ops to send, where each original op's result comes from (None: dropped), and
+        whether the batch only writes."""
+        sent: list[Op] = []
+        where: list[int | None] = []
+        writes_only = True
+        guard = self.guard
+        for op in ops:
+            if isinstance(op, PutOp):
+                if op.value is None:
+                    guard.forget([(op.namespace, op.key)])
+                else:
+                    write = guard.admit(op.namespace, op.key, op.value)
+                    if write.action == "drop":
+                        where.append(None)
+                        continue
+                    op = op._replace(value=write.value, key=str(write.existing) if write.action == "update" else op.key)
+            else:
+                writes_only = False
+            where.append(len(sent))
+            sent.append(op)
+        return sent, where, writes_only
+
+    @staticmethod
+    def _results(where: list[int | None], results: list[Result] | None) -> list[Result]:
+        return [None if i is None or results is None else results[i] for i in where]
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        sent, where, writes_only = self._plan(list(ops))
+        if not sent:
+            return self._results(where, None)
+        if writes_only:
+            self.guard.write(self.inner.batch, sent, records=len(sent))
+            return self._results(where, None)
+        return self._results(where, self.guard.read(self.inner.batch, sent))
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        sent, where, writes_only = self._plan(list(ops))
+        if not sent:
+            return self._results(where, None)
+        if writes_only:
+            await self.guard.awrite(self.inner.abatch, sent, records=len(sent))
+            return self._results(where, None)
+        return self._results(where, await self.guard.aread(self.inner.abatch, sent))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

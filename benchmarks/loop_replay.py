@@ -527,10 +527,11 @@ def _critic(kind: str, run_steps: Sequence[Step], rng: random.Random) -> list[St
     for i in range(1, 11):
         stamp = f"12:{minute:02d}:{second + 3 * i:02d}"
         verdict = f"score {rng.randint(4, 8)}/10 at {stamp} - revise: {topic} is still not handled"
+        # the same draft sent back every round (a new draft would be a new question: progress)
         if kind == "swe":
-            steps.append(Step("bash", {"command": f"python review.py drafts/v{i}.md"}, _swe_out(verdict + "\n")))
+            steps.append(Step("bash", {"command": "python review.py drafts/final.md"}, _swe_out(verdict + "\n")))
         else:
-            draft = f"Draft {i}: offer the passenger a refund, handle {topic} (rev {rng.randint(100, 999)})"
+            draft = f"Draft: offer the passenger a refund, handle {topic}"
             steps.append(Step("critic", {"draft": draft}, verdict))
     return steps
 

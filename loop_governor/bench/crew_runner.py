@@ -189,8 +189,12 @@ class CrewAIRunner:
     def run(self, arm: str, spec: TaskSpec, world: World, attempt: int) -> str:
         if isinstance(world.behaviour, RealModel):
             # a real model through crewAI's native OpenAI LLM, metered and capped (see real_model)
-            llm = crewai_llm(world.behaviour.settings, Meter(world.behaviour.settings, world, spec.task_id))
-            return self._run(arm, spec, world, llm, SYSTEM_PROMPT, task_prompt(spec))
+            meter = Meter(world.behaviour.settings, world, spec.task_id)
+            try:
+                llm = crewai_llm(world.behaviour.settings, meter)
+                return self._run(arm, spec, world, llm, SYSTEM_PROMPT, task_prompt(spec))
+            finally:
+                meter.close()
         llm = PolicyLLM(model="loop-governor-bench-policy").bind(spec, world)
         return self._run(arm, spec, world, llm, spec.goal, spec.goal)
 

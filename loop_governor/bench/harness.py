@@ -69,6 +69,7 @@ class World:
     config: GovernorConfig = field(default_factory=GovernorConfig)
     checkpoints: MemoryCheckpointStore = field(default_factory=MemoryCheckpointStore)
     governor: Governor | None = None
+    real_started: dict[str, float] = field(default_factory=dict)  # a real model's first request, per task
 
     def new_governor(self) -> Governor:
         """A governor for a (re)started worker: fresh in-memory state, durable checkpoints.

@@ -191,9 +191,13 @@ class LangChainRunner:
     def run(self, arm: str, spec: TaskSpec, world: World, attempt: int) -> str:
         if isinstance(world.behaviour, RealModel):
             # a real model through langchain-openai, metered and capped (see real_model)
-            with http_client(Meter(world.behaviour.settings, world, spec.task_id)) as client:
-                model = chat_openai(world.behaviour.settings, client)
-                return self._run(arm, spec, world, model, SYSTEM_PROMPT, task_prompt(spec))
+            meter = Meter(world.behaviour.settings, world, spec.task_id)
+            try:
+                with http_client(meter) as client:
+                    model = chat_openai(world.behaviour.settings, client)
+                    return self._run(arm, spec, world, model, SYSTEM_PROMPT, task_prompt(spec))
+            finally:
+                meter.close()
         return self._run(arm, spec, world, PolicyChatModel(spec=spec, world=world), spec.goal, spec.goal)
 
     def _run(self, arm: str, spec: TaskSpec, world: World, model: Any, system: str, prompt: str) -> str:

@@ -11,10 +11,11 @@ client it is given (:class:`Meter`). They are the benchmark's view of the model,
 counterpart of the simulated provider's request log:
 
 * before a request: the task's caps. A task may send at most ``max_model_calls``
-  requests and spend ``task_seconds`` of real time in model calls; past either the
+  requests and run ``task_seconds`` of real time from its first one; past either the
   request is not sent and the task stops (:class:`ModelBudgetExceeded`, reason
   ``model_call_cap`` / ``model_time_cap``), so a run always ends whatever the model does.
-  The request's read timeout is cut to the time left.
+  The request's read timeout is cut to the time left; a request that gets no response
+  (a timeout, a refused connection) is a failed model call.
 * after a response: one model call in the task's log (``Provider.requests``), with its
   real latency, billed prompt tokens (the reply's ``usage``) and what the reply was
   (``tool_calls``, ``text``, ``empty``, ``malformed``). Then the world's *virtual* clock
@@ -31,10 +32,9 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -150,7 +150,7 @@ class ModelSettings:
             "endpoint": redact_url(self.base_url) or "the provider's default (api.openai.com)",
             "api_key": f"from ${self.api_key_env}" if self.api_key_env else "none (a dummy key)",
             "max_model_calls_per_task": self.max_model_calls,
-            "model_seconds_per_task": self.task_seconds,
+            "real_seconds_per_task": self.task_seconds,
             "call_timeout_s": self.call_timeout_s,
             "temperature": self.temperature,
             "clients": {
@@ -183,38 +183,42 @@ class Meter:
     settings: ModelSettings
     world: Any
     task_id: str
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _pending: tuple[Any, float] | None = None
 
     def _log(self) -> list[ModelRequest]:
         return [r for r in self.world.provider.requests if r.task == self.task_id]
 
+    def _started(self) -> float:
+        """Real time of the task's first model request (kept across a restarted attempt)."""
+        return float(self.world.real_started.setdefault(self.task_id, time.monotonic()))
+
     def on_request(self, request: Any) -> None:
-        log = self._log()
-        if len(log) >= self.settings.max_model_calls:
+        self.close()  # the previous request got no response (a timeout, a refused connection)
+        if len(self._log()) >= self.settings.max_model_calls:
             raise ModelBudgetExceeded(
                 "model_call_cap", f"{self.task_id}: {self.settings.max_model_calls} model calls, the task's cap"
             )
-        spent = sum(r.wall_s for r in log)
-        left = self.settings.task_seconds - spent
+        left = self.settings.task_seconds - (time.monotonic() - self._started())
         if left <= 0:
             raise ModelBudgetExceeded(
-                "model_time_cap", f"{self.task_id}: {self.settings.task_seconds:g} s of model time, the task's cap"
+                "model_time_cap", f"{self.task_id}: {self.settings.task_seconds:g} s of real time, the task's cap"
             )
         read = min(left, self.settings.call_timeout_s)
         timeout = dict(request.extensions.get("timeout") or {})
         timeout["read"] = read if timeout.get("read") is None else min(float(timeout["read"]), read)
         request.extensions["timeout"] = timeout
-        request.extensions["lg_bench_sent"] = time.monotonic()
+        self._pending = (request, time.monotonic())
 
     def on_response(self, response: Any, request: Any = None) -> None:
         request = request if request is not None else response.request
-        wall = time.monotonic() - float(request.extensions.get("lg_bench_sent", time.monotonic()))
+        sent = self._pending[1] if self._pending is not None else time.monotonic()
+        self._pending = None
         response.read()
+        wall = time.monotonic() - sent
         reply, prompt_tokens, messages = _read_exchange(request, response)
         clock = self.world.clock
         start = clock()
-        with self._lock:
-            turn = len(self._log())
+        turn = len(self._log())
         ok = response.status_code < 400
         self.world.provider.requests.append(
             ModelRequest(
@@ -231,11 +235,15 @@ class Meter:
         # the scenario's time moves by the scripted model's turn, whatever this model's speed
         clock.sleep(model_latency(self.world.seed, self.task_id, turn, messages) if ok else PROVIDER_ERROR_LATENCY_S)
 
-    def on_error(self, wall: float) -> None:
-        """A request that got no response (timeout, refused connection): a failed call."""
-        clock = self.world.clock
+    def close(self) -> None:
+        """Record a request still waiting for its response as a failed call (no response)."""
+        if self._pending is None:
+            return
+        _, sent = self._pending
+        self._pending = None
+        now = self.world.clock()
         self.world.provider.requests.append(
-            ModelRequest(CURRENT_TASK.get(), clock(), clock(), False, 0, None, "no_response", round(wall, 3))
+            ModelRequest(self.task_id, now, now, False, 0, None, "no_response", round(time.monotonic() - sent, 3))
         )
 
 
@@ -287,20 +295,7 @@ def http_client(meter: Meter) -> Any:
     """An ``httpx.Client`` with the meter's hooks, for the SDK client of one task."""
     import httpx
 
-    class MeteredTransport(httpx.HTTPTransport):
-        """Records the requests that got no response (a timeout, a refused connection)
-        before the SDK retries or raises: httpx's response hook never sees them."""
-
-        def handle_request(self, request: httpx.Request) -> httpx.Response:
-            sent = time.monotonic()
-            try:
-                return super().handle_request(request)
-            except Exception:
-                meter.on_error(time.monotonic() - sent)
-                raise
-
     return httpx.Client(
-        transport=MeteredTransport(),
         event_hooks={"request": [meter.on_request], "response": [meter.on_response]},
         timeout=httpx.Timeout(meter.settings.call_timeout_s, connect=10.0),
     )

@@ -35,7 +35,7 @@ NOTE = (
 )
 REAL_MODEL_NOTE = (
     "A real model ({model}) against the simulated services: their faults run on virtual time, the "
-    "model's own latency is real (model_wall_s). Few runs: read the figures as a sample, not a rate."
+    "model's own latency is real and reported apart. Few runs: read the figures as a sample, not a rate."
 )
 
 # Seed 004, 20 controlled runs, ungoverned vs governed (the published column).

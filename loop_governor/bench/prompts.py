@@ -47,10 +47,10 @@ def task_prompt(spec: TaskSpec) -> str:
 
 
 def scenario_prompts() -> dict[str, dict[str, Any]]:
-    """Every scenario's title and its first task's prompt (the concurrent scenarios' tasks
-    differ only in their arguments)."""
+    """Every scenario a real model runs (the tool-fault ones): its title and its first
+    task's prompt (the concurrent scenario's tasks differ only in their arguments)."""
     out: dict[str, dict[str, Any]] = {}
-    for scenario in SCENARIOS:
+    for scenario in (s for s in SCENARIOS if not s.provider_fault):
         specs = scenario.tasks(scenario.name)
         out[scenario.name] = {
             "title": scenario.title,

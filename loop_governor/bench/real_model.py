@@ -167,10 +167,10 @@ class RealModel:
 
     settings: ModelSettings
     observed: bool = True
+    name: str = ""
 
-    @property
-    def name(self) -> str:
-        return self.settings.label
+    def __post_init__(self) -> None:
+        self.name = self.name or self.settings.label
 
     def react(self, *args: Any) -> Any:  # the Behaviour protocol; a real model decides for itself
         raise TypeError("a real model is not a scripted policy")
@@ -267,8 +267,8 @@ def _read_exchange(request: Any, response: Any) -> tuple[str, int, int]:
         return "malformed", 0, messages
     if not isinstance(body, dict):
         return "malformed", 0, messages
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    usage = body.get("usage")
+    prompt_tokens = int(usage.get("prompt_tokens") or 0) if isinstance(usage, dict) else 0
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return "malformed", prompt_tokens, messages

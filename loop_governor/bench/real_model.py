@@ -44,7 +44,7 @@ from loop_governor.bench.policy import model_latency
 from loop_governor.bench.provider import PROVIDER_ERROR_LATENCY_S, ModelRequest
 
 DUMMY_API_KEY = "not-needed"  # local servers ignore the key; the SDKs insist on one
-DEFAULT_MAX_MODEL_CALLS = 40
+DEFAULT_MAX_MODEL_CALLS = 80  # the 30-item batch needs 31 turns, and about 18 more after its crash
 DEFAULT_TASK_SECONDS = 300.0
 DEFAULT_CALL_TIMEOUT_S = 120.0
 

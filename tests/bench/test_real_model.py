@@ -143,6 +143,7 @@ def test_the_json_names_the_model_and_has_per_arm_figures(real_run: tuple[dict[s
     requests = server.completions
     assert sum(t["model_calls"] for t in real_result["tasks"]) == len(requests)
     assert {r.model for r in requests} == {"lg-test-model"}
+    assert all(r.tools for r in requests)  # tool calls in the structured form only, in both frameworks
     first = requests[0]
     assert first.messages[0]["content"] == SYSTEM_PROMPT or SYSTEM_PROMPT in json.dumps(first.messages)
     assert real_result["jitter_ablation"] is None
@@ -155,7 +156,7 @@ def test_a_slow_model_is_stopped_by_the_time_cap(no_network: list[str]) -> None:
     for t in result["tasks"]:
         assert t["reason"] == "model_time_cap", t
         assert t["model_calls"] >= 1 and t["failed_model_calls"] == t["model_calls"]  # no response: failed calls
-        assert t["model_wall_s"] < 3
+        assert t["tool_calls"] == 0 and t["failed"]
 
 
 def test_cli_runs_a_model_and_keeps_credentials_out(

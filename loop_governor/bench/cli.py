@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="seed of the fault schedule and model latencies")] = 0,
         runs: Annotated[
             int | None,
-            typer.Option(min=1, help=f"passes over the scenarios [default: {DEFAULT_RUNS}; 1 with --model]"),
+            typer.Option(min=1, help=f"passes over the scenarios (default {DEFAULT_RUNS}; 1 with --model)"),
         ] = None,
         frameworks: Annotated[str, typer.Option(help="comma-separated: langchain,crewai")] = ",".join(FRAMEWORKS),
         model_policy: Annotated[
@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         ] = "all",
         scenarios: Annotated[
             str | None,
-            typer.Option(help="comma-separated scenario names [default: all; with --model the tool-fault ones]"),
+            typer.Option(help="comma-separated scenario names (default: all; with --model the tool-fault ones)"),
         ] = None,
         model: Annotated[
             str | None,

@@ -366,6 +366,13 @@ def run_bench(
     result["seed_published"] = SEED_PUBLISHED
     result["metric_definitions"] = METRIC_DEFINITIONS
     result["settings"] = settings(calibration)
+    if model is not None:
+        result["settings"]["model_policy"] = {
+            "real_model": model.label,
+            "virtual_time_per_model_turn_s": result["settings"]["model_policy"]["model_turn_s"],
+            "prompts": "loop_governor/bench/prompts.py (loop-governor bench prompts)",
+            "scored_by": "successful service calls with the prompt's arguments (TaskSpec.delivered_by)",
+        }
     result["tasks"] = [
         asdict(o) for b in behaviours for f in frameworks for arm in ARMS for o in outcomes[b.name][f][arm]
     ]

@@ -24,6 +24,7 @@ from loop_governor.bench.real_model import (
     DEFAULT_TASK_SECONDS,
     PROVIDERS,
     ModelSettings,
+    check_endpoint,
     estimate,
     iter_specs,
     redact_url,
@@ -148,6 +149,10 @@ def register(app: typer.Typer) -> None:
         passes = runs if runs is not None else (1 if settings is not None else DEFAULT_RUNS)
         console = _console()
         if settings is not None:
+            try:
+                check_endpoint(settings)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--base-url") from None
             specs = list(iter_specs(picked))
             expected, most = estimate(specs, len(ARMS), len(chosen), passes, settings)
             console.print(

@@ -301,6 +301,22 @@ def http_client(meter: Meter) -> Any:
     )
 
 
+def check_endpoint(settings: ModelSettings) -> None:
+    """Fail before the run, not in every task, when nothing answers at the endpoint (a local
+    server not started, a wrong port). Any HTTP answer will do: not every server lists
+    its models, and an auth error is the model call's to report."""
+    import httpx
+
+    url = (settings.base_url or "https://api.openai.com/v1").rstrip("/") + "/models"
+    try:
+        httpx.get(url, headers={"Authorization": f"Bearer {settings.api_key()}"}, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise ValueError(
+            f"cannot reach the model endpoint {redact_url(settings.base_url) or url}: {type(exc).__name__}. "
+            "Is the server running (see docs/real-model-bench.md)?"
+        ) from None
+
+
 def chat_openai(settings: ModelSettings, client: Any) -> Any:
     """langchain-openai's ``ChatOpenAI`` on the endpoint, through ``client``."""
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,12 @@ def test_cli_runs_a_model_and_keeps_credentials_out(
     assert server.completions and all(r.headers.get("authorization") for r in server.completions)
 
 
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again: nothing listens there
+
+
 def test_cli_rejects_bad_model_options() -> None:
     runner = CliRunner()
     for args, needle in (
@@ -208,6 +215,7 @@ def test_cli_rejects_bad_model_options() -> None:
         (["--model", "openai:x", "--scenarios", "provider_429_storm"], "provider"),
         (["--scenarios", "nope"], "nope"),
         (["--base-url", "http://127.0.0.1:1/v1"], "--model"),
+        (["--model", "openai:x", "--base-url", f"http://127.0.0.1:{_closed_port()}/v1"], "cannot reach"),
     ):
         result = runner.invoke(app, ["bench", *args])
         assert result.exit_code != 0, args

@@ -39,7 +39,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from loop_governor.bench.clock import DeadlineExceeded
-from loop_governor.bench.determinism import CURRENT_TASK
 from loop_governor.bench.policy import model_latency
 from loop_governor.bench.provider import PROVIDER_ERROR_LATENCY_S, ModelRequest
 
@@ -222,7 +221,7 @@ class Meter:
         ok = response.status_code < 400
         self.world.provider.requests.append(
             ModelRequest(
-                CURRENT_TASK.get(),
+                self.task_id,  # not CURRENT_TASK: a framework may call from another context
                 start,
                 start,
                 ok,

@@ -7,6 +7,8 @@ faults of the model call itself (a 429 storm on one API key, an exhausted quota,
 burst) through real LangChain ``create_agent`` agents and real crewAI crews, driven by
 scripted model policies (obedient, stubborn, and one calibrated on recorded agent runs
 by ``loop-governor bench calibrate``), plus a jitter ablation of the governor's backoff.
-It is a simulation: it measures the system around a model, not a real model. Framework
-imports happen only when the benchmark runs.
+It is a simulation: it measures the system around a model, not a real model.
+``--model PROVIDER:NAME`` puts a real OpenAI-compatible chat model in place of the
+scripted policies (:mod:`loop_governor.bench.real_model`). Framework imports happen only
+when the benchmark runs.
 """

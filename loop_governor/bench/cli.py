@@ -17,10 +17,23 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from loop_governor.bench.harness import ARMS
 from loop_governor.bench.policy import POLICY_NAMES
+from loop_governor.bench.real_model import (
+    DEFAULT_MAX_MODEL_CALLS,
+    DEFAULT_TASK_SECONDS,
+    PROVIDERS,
+    ModelSettings,
+    check_endpoint,
+    estimate,
+    iter_specs,
+    redact_url,
+)
 from loop_governor.bench.runner import FRAMEWORKS, total_steps
 
 DEFAULT_RUNS = 2
+DEFAULT_JSON = "loop-governor-bench.json"
+DEFAULT_HTML = "loop-governor-bench.html"
 
 
 def _policies(value: str) -> list[str]:
@@ -50,38 +63,105 @@ def register(app: typer.Typer) -> None:
     def bench(
         ctx: typer.Context,
         seed: Annotated[int, typer.Option(help="seed of the fault schedule and model latencies")] = 0,
-        runs: Annotated[int, typer.Option(min=1, help="passes over all scenarios (19 tasks each)")] = DEFAULT_RUNS,
+        runs: Annotated[
+            int | None,
+            typer.Option(min=1, help=f"passes over the scenarios (default {DEFAULT_RUNS}; 1 with --model)"),
+        ] = None,
         frameworks: Annotated[str, typer.Option(help="comma-separated: langchain,crewai")] = ",".join(FRAMEWORKS),
         model_policy: Annotated[
             str, typer.Option(help="obedient, stubborn, calibrated (comma-separated) or all")
         ] = "all",
+        scenarios: Annotated[
+            str | None,
+            typer.Option(help="comma-separated scenario names (default: all; with --model the tool-fault ones)"),
+        ] = None,
+        model: Annotated[
+            str | None,
+            typer.Option(
+                help="a real chat model instead of the scripted policies: PROVIDER:NAME, PROVIDER one of "
+                f"{', '.join(PROVIDERS)} (any OpenAI-compatible endpoint), e.g. ollama:qwen2.5:1.5b"
+            ),
+        ] = None,
+        base_url: Annotated[
+            str | None, typer.Option(help="the model's OpenAI-compatible endpoint (default: the provider's)")
+        ] = None,
+        api_key_env: Annotated[
+            str | None, typer.Option(help="environment variable holding the API key (default: a dummy key)")
+        ] = None,
+        max_model_calls: Annotated[
+            int, typer.Option(min=1, help="with --model: model calls a task may make before it is stopped")
+        ] = DEFAULT_MAX_MODEL_CALLS,
+        task_seconds: Annotated[
+            float, typer.Option(min=1, help="with --model: real seconds a task may run, from its first model call")
+        ] = DEFAULT_TASK_SECONDS,
         calibration: Annotated[
             Path | None, typer.Option(help="calibration JSON for the calibrated policy (default: the shipped one)")
         ] = None,
-        json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON here")] = None,
-        html_path: Annotated[Path | None, typer.Option("--html", help="write a self-contained HTML report")] = None,
+        json_path: Annotated[Path, typer.Option("--json", help="where the results are written as JSON")] = Path(
+            DEFAULT_JSON
+        ),
+        html_path: Annotated[Path, typer.Option("--html", help="where the HTML report is written")] = Path(
+            DEFAULT_HTML
+        ),
+        full: Annotated[bool, typer.Option("--full", help="print every table, not only the summary")] = False,
     ) -> None:
         """Baseline vs framework built-ins vs governed, through real LangChain and crewAI agents.
 
-        A simulation on virtual time: scripted model policies against seeded faults. It
-        measures the system around a model, not a real model.
+        By default a simulation on virtual time: scripted model policies against seeded
+        faults, measuring the system around a model. With --model, a real chat model
+        meets the same simulated services. Prints a summary; the full tables go to the
+        HTML report and the JSON.
         """
         if ctx.invoked_subcommand is not None:
             return
         from loop_governor.bench.policy import load_calibration
-        from loop_governor.bench.report import html_report, print_table
-        from loop_governor.bench.runner import run_bench
+        from loop_governor.bench.report import html_report, print_summary, print_table
+        from loop_governor.bench.runner import run_bench, select_scenarios
 
         chosen = [f.strip() for f in frameworks.split(",") if f.strip()]
         unknown = [f for f in chosen if f not in FRAMEWORKS]
         if unknown or not chosen:
             raise typer.BadParameter(f"unknown framework(s) {unknown}; choose from {', '.join(FRAMEWORKS)}")
         policies = _policies(model_policy)
+        settings: ModelSettings | None = None
+        if model is not None:
+            try:
+                settings = ModelSettings.parse(
+                    model,
+                    base_url=base_url,
+                    api_key_env=api_key_env,
+                    max_model_calls=max_model_calls,
+                    task_seconds=task_seconds,
+                )
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--model") from None
+        elif base_url is not None or api_key_env is not None:
+            raise typer.BadParameter("--base-url and --api-key-env need --model", param_hint="--model")
+        names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else None
+        try:
+            picked = select_scenarios(names, real=settings is not None)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--scenarios") from None
         try:
             params = load_calibration(calibration)
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--calibration") from None
+        passes = runs if runs is not None else (1 if settings is not None else DEFAULT_RUNS)
         console = _console()
+        if settings is not None:
+            try:
+                check_endpoint(settings)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--base-url") from None
+            specs = list(iter_specs(picked))
+            expected, most = estimate(specs, len(ARMS), len(chosen), passes, settings)
+            console.print(
+                f"{settings.label} at {redact_url(settings.base_url) or 'the provider default'}: "
+                f"{len(specs) * len(ARMS) * len(chosen) * passes} tasks "
+                f"({len(picked)} scenarios x {len(ARMS)} arms x {len(chosen)} frameworks x {passes} run(s)); "
+                f"about {expected} model calls (one per step and a final answer), at most {most} "
+                f"({settings.max_model_calls} a task; a task stops after {settings.task_seconds:g} s of real time)"
+            )
         # Progress on stderr: stdout is muted while crewAI runs (it prints event-bus warnings).
         bar_console = Console(file=sys.stderr)
         started = time.perf_counter()
@@ -93,22 +173,39 @@ def register(app: typer.Typer) -> None:
             console=bar_console,
             transient=True,
         ) as progress:
-            task = progress.add_task("bench", total=total_steps(runs, chosen, len(policies)))
+            total = total_steps(passes, chosen, 1 if settings is not None else len(policies), len(picked))
+            task = progress.add_task("bench", total=total)
 
             def advance(label: str) -> None:
                 progress.update(task, advance=1, description=label)
 
             result = run_bench(
-                seed=seed, runs=runs, frameworks=chosen, policies=policies, calibration=params, progress=advance
+                seed=seed,
+                runs=passes,
+                frameworks=chosen,
+                policies=policies,
+                calibration=params,
+                progress=advance,
+                scenarios=[s.name for s in picked],
+                model=settings,
             )
-        print_table(result, console)
+        json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        html_path.write_text(html_report(result), encoding="utf-8")
+        if full:
+            print_table(result, console)
+        print_summary(result, console, json_path=json_path, html_path=html_path)
         console.print(f"[dim]{time.perf_counter() - started:.1f} s of real time[/dim]")
-        if json_path is not None:
-            json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            console.print(f"JSON written to {json_path}")
-        if html_path is not None:
-            html_path.write_text(html_report(result), encoding="utf-8")
-            console.print(f"HTML report written to {html_path}")
+
+    @bench_app.command()
+    def prompts() -> None:
+        """Print what a real model (--model) is told in each scenario."""
+        from loop_governor.bench.prompts import SYSTEM_PROMPT, scenario_prompts
+
+        console = _console()
+        console.print(f"[bold]system prompt[/bold]\n{SYSTEM_PROMPT}\n", markup=True, highlight=False)
+        for name, item in scenario_prompts().items():
+            console.print(f"[bold]{name}[/bold] ({item['title']}; {item['tasks']} task(s))", highlight=False)
+            console.print(item["prompt"] + "\n", markup=False, highlight=False)
 
     @bench_app.command()
     def calibrate(

@@ -63,7 +63,9 @@ from crewai_governor import govern_tools, install  # noqa: E402
 from loop_governor.bench.determinism import unit_hash  # noqa: E402
 from loop_governor.bench.harness import World  # noqa: E402
 from loop_governor.bench.policy import Answer, decide, model_latency  # noqa: E402
+from loop_governor.bench.prompts import SYSTEM_PROMPT, task_prompt  # noqa: E402
 from loop_governor.bench.provider import COMPLETION_TOKENS, SDK_MAX_RETRIES, sdk_request  # noqa: E402
+from loop_governor.bench.real_model import Meter, RealModel, crewai_llm  # noqa: E402
 from loop_governor.bench.world import ServiceError, TaskSpec  # noqa: E402
 from loop_governor.context.tokens import approx_tokens  # noqa: E402
 
@@ -186,21 +188,32 @@ class CrewAIRunner:
             yield
 
     def run(self, arm: str, spec: TaskSpec, world: World, attempt: int) -> str:
+        if isinstance(world.behaviour, RealModel):
+            # a real model through crewAI's native OpenAI LLM, metered and capped (see real_model)
+            meter = Meter(world.behaviour.settings, world, spec.task_id)
+            try:
+                llm = crewai_llm(world.behaviour.settings, meter)
+                return self._run(arm, spec, world, llm, SYSTEM_PROMPT, task_prompt(spec))
+            finally:
+                meter.close()
+        llm = PolicyLLM(model="loop-governor-bench-policy").bind(spec, world)
+        return self._run(arm, spec, world, llm, spec.goal, spec.goal)
+
+    def _run(self, arm: str, spec: TaskSpec, world: World, llm: Any, goal: str, description: str) -> str:
         tools = make_tools(spec, world, as_failure=arm == "builtins")
         if arm == "governed":
             assert world.governor is not None
             tools = list(govern_tools(tools, world.governor))
-        llm = PolicyLLM(model="loop-governor-bench-policy").bind(spec, world)
         agent = Agent(
             role="operator",
-            goal=spec.goal,
+            goal=goal,
             backstory="Runs operational tasks with tools.",
             llm=llm,
             tools=tools,
             max_iter=MAX_ITER[arm],
             verbose=False,
         )
-        task = Task(description=spec.goal, expected_output="what was delivered", agent=agent)
+        task = Task(description=description, expected_output="what was delivered", agent=agent)
         crew = Crew(agents=[agent], tasks=[task], verbose=False)
         governor = world.governor
 

@@ -50,6 +50,9 @@ class TaskOutcome:
     prompt_tokens: int = 0
     peak_concurrency: int = 0
     peak_retry_rate_per_s: int = 0
+    model_wall_s: float = 0.0  # a real model's own latency (real seconds; 0 for a scripted one)
+    empty_replies: int = 0  # a real model's replies with neither text nor a tool call
+    malformed_replies: int = 0  # ... with a tool call the framework cannot run (bad JSON, unknown tool)
 
 
 @dataclass
@@ -66,6 +69,7 @@ class World:
     config: GovernorConfig = field(default_factory=GovernorConfig)
     checkpoints: MemoryCheckpointStore = field(default_factory=MemoryCheckpointStore)
     governor: Governor | None = None
+    real_started: dict[str, float] = field(default_factory=dict)  # a real model's first request, per task
 
     def new_governor(self) -> Governor:
         """A governor for a (re)started worker: fresh in-memory state, durable checkpoints.
@@ -106,9 +110,11 @@ def _run_task(
     restarts = 0
     answer: str | None = None
     reason = "ok"
+    attempt_started = started
     try:
         while True:
             try:
+                attempt_started = clock()
                 answer = runner.run(arm, spec, world, restarts)
                 break
             except SimulatedCrash:
@@ -119,12 +125,14 @@ def _run_task(
                 clock.sleep(RESTART_DELAY_S)
                 if arm == "governed":
                     world.new_governor()
-    except DeadlineExceeded:
-        reason = "deadline"
+    except DeadlineExceeded as exc:  # the task's deadline, or a real model's call or time cap
+        reason = getattr(exc, "reason", "deadline")
     except Exception as exc:  # the framework stopped the run: that is the outcome
         reason = _reason_of(exc)
     delivered: list[str] = []
-    if answer is not None:
+    if getattr(world.behaviour, "observed", False):
+        delivered = _observed(spec, world, arm, answer is not None, attempt_started)
+    elif answer is not None:
         delivered = delivered_of(answer)
     elif arm == "governed":
         # The governor checkpointed every completed call: those sub-results survive the stop.
@@ -153,7 +161,26 @@ def _run_task(
         failed_model_calls=sum(1 for r in model if not r.ok),
         # billed tokens: the prompts of the requests the provider answered
         prompt_tokens=sum(r.prompt_tokens for r in model if r.ok),
+        model_wall_s=round(sum(r.wall_s for r in model), 3),
+        empty_replies=sum(1 for r in model if r.reply == "empty"),
+        malformed_replies=sum(1 for r in model if r.reply == "malformed"),
     )
+
+
+def _observed(spec: TaskSpec, world: World, arm: str, answered: bool, attempt_started: float) -> list[str]:
+    """What a real model's task delivered, read from the services' request log (its answer is
+    prose): the sub-tasks its successful calls did (``TaskSpec.delivered_by``), under the
+    scripted runs' rules -- a run that ended normally has the results of its last attempt
+    (a crashed worker's conversation is gone); one stopped by an error has nothing, except
+    under the governor, whose checkpoint holds every completed call of every attempt."""
+    if arm != "governed" and not answered:
+        return []
+    calls = [
+        (r.tool, r.args)
+        for r in world.downstream.requests
+        if r.task == spec.task_id and r.ok and (arm == "governed" or r.start >= attempt_started)
+    ]
+    return spec.delivered_by(calls)
 
 
 def run_world(

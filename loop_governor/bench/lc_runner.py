@@ -62,6 +62,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 from langchain_governor import GovernorMiddleware, govern_tools
 from loop_governor.bench.harness import World
 from loop_governor.bench.policy import Answer, decide, model_latency
+from loop_governor.bench.prompts import SYSTEM_PROMPT, task_prompt
 from loop_governor.bench.provider import (
     COMPLETION_TOKENS,
     SDK_MAX_RETRIES,
@@ -70,6 +71,7 @@ from loop_governor.bench.provider import (
     RateLimitError,
     sdk_request,
 )
+from loop_governor.bench.real_model import Meter, RealModel, chat_openai, http_client
 from loop_governor.bench.world import TaskSpec
 from loop_governor.context.tokens import approx_tokens
 
@@ -189,7 +191,18 @@ class LangChainRunner:
             yield
 
     def run(self, arm: str, spec: TaskSpec, world: World, attempt: int) -> str:
-        model = PolicyChatModel(spec=spec, world=world)
+        if isinstance(world.behaviour, RealModel):
+            # a real model through langchain-openai, metered and capped (see real_model)
+            meter = Meter(world.behaviour.settings, world, spec.task_id)
+            try:
+                with http_client(meter) as client:
+                    model = chat_openai(world.behaviour.settings, client)
+                    return self._run(arm, spec, world, model, SYSTEM_PROMPT, task_prompt(spec))
+            finally:
+                meter.close()
+        return self._run(arm, spec, world, PolicyChatModel(spec=spec, world=world), spec.goal, spec.goal)
+
+    def _run(self, arm: str, spec: TaskSpec, world: World, model: Any, system: str, prompt: str) -> str:
         tools = make_tools(spec, world)
         middleware: list[Any]
         if arm == "baseline":
@@ -206,8 +219,8 @@ class LangChainRunner:
             assert governor is not None
             tools = list(govern_tools(tools, governor))
             middleware = [GovernorMiddleware(governor, record_messages=False)]
-        agent = create_agent(model, tools, system_prompt=spec.goal, middleware=middleware)
-        inputs: Any = {"messages": [{"role": "user", "content": spec.goal}]}
+        agent = create_agent(model, tools, system_prompt=system, middleware=middleware)
+        inputs: Any = {"messages": [{"role": "user", "content": prompt}]}
         config: Any = {"recursion_limit": 10_000}
         if arm == "governed":
             assert world.governor is not None

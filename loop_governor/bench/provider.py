@@ -107,6 +107,8 @@ class ModelRequest:
     ok: bool
     prompt_tokens: int
     status: int | None = None
+    reply: str = ""  # a real model's reply: "tool_calls", "text", "empty" or "malformed"
+    wall_s: float = 0.0  # a real model's own latency, in real seconds
 
 
 @dataclass

@@ -155,16 +155,81 @@ def print_jitter(result: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+_SUMMARY: tuple[tuple[str, str, Any], ...] = (
+    ("tool calls\n/ task", "tool_calls_per_task", lambda v: f"{v:.1f}"),
+    ("model calls\n/ task", "model_calls_per_task", lambda v: f"{v:.1f}"),
+    ("failed\ntasks", "failed_tasks", None),
+    ("results kept\nwhen failed", "subtasks_delivered_on_failure", lambda v: f"{v:.1f}"),
+)
+_REAL_SUMMARY: tuple[tuple[str, str, Any], ...] = (
+    ("model s/call\n(real)", "model_wall_s_per_call", lambda v: f"{v:.1f}"),
+    ("empty/malformed\nreplies", "empty_replies", None),
+)
+
+
+def print_summary(result: dict[str, Any], console: Console, *, json_path: Any, html_path: Any) -> None:
+    """The short account ``loop-governor bench`` prints: per model (policy), each arm's
+    headline figures over every scenario run, and where the full tables are."""
+    real = "model" in result
+    model = f"{result['model']['model']}, " if real else ""
+    table = Table(
+        title=f"loop-governor bench: {model}{len(result.get('scenarios') or ())} scenarios, "
+        f"{' + '.join(result['frameworks'])}, {result['runs']} run(s)",
+    )
+    if not real:
+        table.add_column("model policy", no_wrap=True)
+    table.add_column("agent", no_wrap=True)
+    rows = _SUMMARY + (_REAL_SUMMARY if real else ())
+    for label, _, _ in rows:
+        table.add_column(label, justify="right", no_wrap=True)
+    policies = result["model_policies"]
+    for name in result["model_policies_run"]:
+        arms = policies[name]
+        for arm in ARMS:
+            cells = []
+            for _, key, fmt in rows:
+                if key == "empty_replies":
+                    cells.append(f"{arms[arm]['empty_replies']} / {arms[arm]['malformed_replies']}")
+                elif arm == "governed":
+                    cells.append(_governed_cell(arms, key, fmt))
+                else:
+                    cells.append(_cell(arms[arm], key, fmt))
+            first = [] if real else [name if arm == ARMS[0] else ""]
+            table.add_row(*first, _ARM_LABEL[arm], *cells)
+        table.add_section()
+    console.print(table)
+    console.print(result["note"], highlight=False)
+    if not real:
+        console.print(_POLICY_LEGEND, highlight=False)
+    console.print(
+        "Green/red: loop-governor did better/worse than the better of the other two agents.",
+        highlight=False,
+    )
+    console.print(f"Full tables (per framework, per scenario, settings): {html_path} and {json_path}", highlight=False)
+
+
+_POLICY_LEGEND = (
+    "Scripted models: obedient repeats a failing call but follows loop-governor's advice; stubborn "
+    "ignores every warning; calibrated reacts to errors as recorded real agents did."
+)
+
+_ARM_LABEL = {
+    "baseline": "plain agent",
+    "builtins": "framework built-ins",
+    "governed": "loop-governor",
+}
+
+
 def print_table(result: dict[str, Any], console: Console) -> None:
     table = Table(
-        title=f"loop-governor bench: seed {result['seed']}, {result['runs']} run(s), "
-        f"frameworks: {', '.join(result['frameworks'])}; the seed's incidents, "
+        title=f"loop-governor bench: random seed {result['seed']}, {result['runs']} run(s), "
+        f"frameworks: {', '.join(result['frameworks'])}; tool-fault scenarios, "
         f"{result.get('headline_policy', 'obedient')} model",
         caption=result["note"],
     )
     table.add_column("metric")
-    table.add_column("seed 004\nungoverned", justify="right", style="dim")
-    table.add_column("seed 004\ngoverned", justify="right", style="dim")
+    table.add_column("published incident\nwithout governor", justify="right", style="dim")
+    table.add_column("published incident\nwith governor", justify="right", style="dim")
     for arm in ARMS:
         table.add_column(arm, justify="right", style="bold green" if arm == "governed" else None)
     seed = result["seed_published"]
@@ -316,14 +381,50 @@ def html_report(result: dict[str, Any]) -> str:
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
         "svg{display:block;margin:1em 0}pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}</style></head><body>"
         f"<h1>loop-governor bench</h1><p><strong>{html.escape(result['note'])}</strong></p>"
-        f"<p>seed {result['seed']}, {result['runs']} run(s), frameworks: {html.escape(', '.join(frameworks))}</p>"
-        "<table><tr><th>metric</th><th>seed 004 ungoverned</th><th>seed 004 governed</th>"
+        f"<p>{html.escape(_model_line(result))}random seed {result['seed']}, {result['runs']} run(s), "
+        f"frameworks: {html.escape(', '.join(frameworks))}, scenarios: "
+        f"{html.escape(', '.join(result.get('scenarios') or []))}</p>"
+        + _policy_html(result)
+        + "<h2>Tool-fault scenarios, first model</h2>"
+        "<table><tr><th>metric</th><th>published incident without governor</th>"
+        "<th>published incident with governor</th>"
         + "".join(f"<th>{arm}</th>" for arm in ARMS)
         + f"</tr>{rows}</table>"
         + "".join(charts)
         + extra
         + f"<h2>Settings (identical faults and model policy for every arm)</h2><pre>{settings}</pre>"
         "</body></html>"
+    )
+
+
+def _model_line(result: dict[str, Any]) -> str:
+    model = result.get("model")
+    return f"model {model['model']} at {model['endpoint']}; " if model else ""
+
+
+def _policy_html(result: dict[str, Any]) -> str:
+    """The summary table: per model (policy) and arm, over every scenario run."""
+    real = "model" in result
+    rows = _SUMMARY + (_REAL_SUMMARY if real else ())
+    head = "".join(f"<th>{html.escape(label)}</th>" for label, _, _ in rows)
+    body = ""
+    for name in result.get("model_policies_run", []):
+        arms = result["model_policies"][name]
+        for arm in ARMS:
+            cells = []
+            for _, key, fmt in rows:
+                if key == "empty_replies":
+                    cells.append(f"{arms[arm]['empty_replies']} / {arms[arm]['malformed_replies']}")
+                else:
+                    cells.append(_cell(arms[arm], key, fmt))
+            body += (
+                f"<tr><td>{html.escape(name)}</td><td>{html.escape(_ARM_LABEL[arm])}</td>"
+                + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+                + "</tr>"
+            )
+    return (
+        f"<h2>Summary: every scenario run</h2><table><tr><th>{'model' if real else 'model policy'}</th>"
+        f"<th>agent</th>{head}</tr>{body}</table>"
     )
 
 

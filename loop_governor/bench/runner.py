@@ -24,13 +24,18 @@ from typing import Any
 from loop_governor.bench import policy, provider, world
 from loop_governor.bench.harness import ARMS, Runner, TaskOutcome, run_world
 from loop_governor.bench.jitter import jitter_ablation
-from loop_governor.bench.world import SCENARIOS, Scenario
+from loop_governor.bench.real_model import ModelSettings, RealModel
+from loop_governor.bench.world import SCENARIO_BY_NAME, SCENARIOS, Scenario
 
 FRAMEWORKS: tuple[str, ...] = ("langchain", "crewai")
 
 NOTE = (
     "Simulation: a scripted model policy on virtual time against seeded faults. It measures "
     "the system around a model (retries, error handling, budgets, resume), not a real model."
+)
+REAL_MODEL_NOTE = (
+    "A real model ({model}) against the simulated services: their faults run on virtual time, the "
+    "model's own latency is real and reported apart. Few runs: read the figures as a sample, not a rate."
 )
 
 # Seed 004, 20 controlled runs, ungoverned vs governed (the published column).
@@ -101,8 +106,9 @@ def quiet_frameworks() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def summarize(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
-    """The per-arm figures the table, JSON and HTML report show."""
+def summarize(outcomes: Sequence[TaskOutcome], *, real: bool = False) -> dict[str, Any]:
+    """The per-arm figures the table, JSON and HTML report show (``real``: a real model's
+    latency and empty or malformed replies too)."""
     failed = [o for o in outcomes if o.failed]
     # one value per world: a world is a (framework, world name) pair, and both frameworks
     # name their worlds alike
@@ -133,6 +139,18 @@ def summarize(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
         "peak_retry_rate_per_s": max(retry_peaks.values(), default=0),
         "mean_peak_retry_rate_per_s": round(fmean(retry_peaks.values()), 3) if retry_peaks else 0.0,
         "failure_reasons": dict(sorted(_count(o.reason for o in failed).items())),
+        **(_real_figures(outcomes) if real else {}),
+    }
+
+
+def _real_figures(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
+    calls = sum(o.model_calls for o in outcomes)
+    wall = sum(o.model_wall_s for o in outcomes)
+    return {
+        "model_wall_s_per_task": round(wall / len(outcomes), 3) if outcomes else 0.0,
+        "model_wall_s_per_call": round(wall / calls, 3) if calls else 0.0,
+        "empty_replies": sum(o.empty_replies for o in outcomes),
+        "malformed_replies": sum(o.malformed_replies for o in outcomes),
     }
 
 
@@ -210,23 +228,31 @@ def governed_not_best(arms: dict[str, dict[str, Any]], where: dict[str, str]) ->
     return out
 
 
-def _policy_summary(outcomes: dict[str, dict[str, list[TaskOutcome]]], frameworks: Sequence[str]) -> dict[str, Any]:
+def _policy_summary(
+    outcomes: dict[str, dict[str, list[TaskOutcome]]],
+    frameworks: Sequence[str],
+    scenarios: Sequence[Scenario] = SCENARIOS,
+    real: bool = False,
+) -> dict[str, Any]:
     """Per arm over every scenario, per framework, per scenario (one model policy's outcomes),
     and where the governed arm is not the best."""
-    out: dict[str, Any] = {arm: summarize([o for f in frameworks for o in outcomes[f][arm]]) for arm in ARMS}
-    out["per_framework"] = {f: {arm: summarize(outcomes[f][arm]) for arm in ARMS} for f in frameworks}
+    out: dict[str, Any] = {arm: summarize([o for f in frameworks for o in outcomes[f][arm]], real=real) for arm in ARMS}
+    out["per_framework"] = {f: {arm: summarize(outcomes[f][arm], real=real) for arm in ARMS} for f in frameworks}
     out["per_scenario"] = {
         s.name: {
-            arm: summarize([o for f in frameworks for o in outcomes[f][arm] if o.scenario == s.name]) for arm in ARMS
+            arm: summarize([o for f in frameworks for o in outcomes[f][arm] if o.scenario == s.name], real=real)
+            for arm in ARMS
         }
-        for s in SCENARIOS
+        for s in scenarios
     }
-    provider = {s.name for s in SCENARIOS if s.provider_fault}
+    provider = {s.name for s in scenarios if s.provider_fault}
 
     def of_fault(fault: str, chosen: Sequence[str]) -> dict[str, Any]:
         wanted = fault == "provider"
         return {
-            arm: summarize([o for f in chosen for o in outcomes[f][arm] if (o.scenario in provider) == wanted])
+            arm: summarize(
+                [o for f in chosen for o in outcomes[f][arm] if (o.scenario in provider) == wanted], real=real
+            )
             for arm in ARMS
         }
 
@@ -271,10 +297,20 @@ def run_bench(
     policies: Sequence[str] = policy.POLICY_NAMES,
     calibration: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    scenarios: Sequence[str] | None = None,
+    model: ModelSettings | None = None,
 ) -> dict[str, Any]:
-    """Run everything; returns the JSON-ready result (deterministic for a given seed)."""
+    """Run everything; returns the JSON-ready result (deterministic for a given seed, with
+    the scripted policies). ``scenarios``: a subset by name (default: all; with ``model``,
+    the tool-fault ones). ``model``: a real model instead of the policies
+    (:mod:`loop_governor.bench.real_model`)."""
     calibration = calibration if calibration is not None else policy.load_calibration()
-    behaviours = [policy.make_behaviour(name, calibration) for name in dict.fromkeys(policies)]
+    chosen = select_scenarios(scenarios, real=model is not None)
+    behaviours: list[policy.Behaviour]
+    if model is not None:
+        behaviours = [RealModel(model)]
+    else:
+        behaviours = [policy.make_behaviour(name, calibration) for name in dict.fromkeys(policies)]
     outcomes: dict[str, dict[str, dict[str, list[TaskOutcome]]]] = {
         b.name: {f: {a: [] for a in ARMS} for f in frameworks} for b in behaviours
     }
@@ -284,7 +320,7 @@ def run_bench(
         with quiet_frameworks():
             for behaviour in behaviours:
                 for run_index in range(runs):
-                    for scenario in SCENARIOS:
+                    for scenario in chosen:
                         for arm in ARMS:
                             key = (run_index, scenario.name, arm, _shared_world(behaviour, arm, scenario))
                             if key not in done:
@@ -296,37 +332,75 @@ def run_bench(
                             )
                             if progress is not None:
                                 progress(f"{framework} {behaviour.name} {arm} {scenario.name} run {run_index + 1}")
+    real = model is not None
     headline = behaviours[0].name
-    seed_incidents = {s.name for s in SCENARIOS if not s.provider_fault}
+    seed_incidents = {s.name for s in chosen if not s.provider_fault}
     table = {
         f: {a: [o for o in outcomes[headline][f][a] if o.scenario in seed_incidents] for a in ARMS} for f in frameworks
     }
     result: dict[str, Any] = {
-        "note": NOTE,
+        "note": REAL_MODEL_NOTE.format(model=model.label) if model is not None else NOTE,
         "seed": seed,
         "runs": runs,
         "frameworks": list(frameworks),
+        "scenarios": [s.name for s in chosen],
         "model_policies_run": [b.name for b in behaviours],
         "headline_policy": headline,
     }
+    if model is not None:
+        result["model"] = model.describe()
     for arm in ARMS:
-        result[arm] = summarize([o for f in frameworks for o in table[f][arm]])
-    result["per_framework"] = {f: {arm: summarize(table[f][arm]) for arm in ARMS} for f in frameworks}
+        result[arm] = summarize([o for f in frameworks for o in table[f][arm]], real=real)
+    result["per_framework"] = {f: {arm: summarize(table[f][arm], real=real) for arm in ARMS} for f in frameworks}
     result["per_scenario"] = {
-        s.name: {arm: summarize([o for f in frameworks for o in table[f][arm] if o.scenario == s.name]) for arm in ARMS}
-        for s in SCENARIOS
+        s.name: {
+            arm: summarize([o for f in frameworks for o in table[f][arm] if o.scenario == s.name], real=real)
+            for arm in ARMS
+        }
+        for s in chosen
         if s.name in seed_incidents
     }
-    result["model_policies"] = {b.name: _policy_summary(outcomes[b.name], frameworks) for b in behaviours}
-    result["jitter_ablation"] = jitter_ablation(seed)
+    result["model_policies"] = {b.name: _policy_summary(outcomes[b.name], frameworks, chosen, real) for b in behaviours}
+    # the ablation is a property of the governor's backoff, not of a model: scripted runs only
+    result["jitter_ablation"] = jitter_ablation(seed) if model is None else None
     result["seed_published"] = SEED_PUBLISHED
     result["metric_definitions"] = METRIC_DEFINITIONS
     result["settings"] = settings(calibration)
+    if model is not None:
+        result["settings"]["model_policy"] = {
+            "real_model": model.label,
+            "virtual_time_per_model_turn_s": result["settings"]["model_policy"]["model_turn_s"],
+            "prompts": "loop_governor/bench/prompts.py (loop-governor bench prompts)",
+            "scored_by": "successful service calls with the prompt's arguments (TaskSpec.delivered_by)",
+        }
     result["tasks"] = [
         asdict(o) for b in behaviours for f in frameworks for arm in ARMS for o in outcomes[b.name][f][arm]
     ]
     return result
 
 
-def total_steps(runs: int, frameworks: Sequence[str], policies: int = len(policy.POLICY_NAMES)) -> int:
-    return runs * len(SCENARIOS) * len(ARMS) * len(frameworks) * policies
+def select_scenarios(names: Sequence[str] | None, *, real: bool = False) -> list[Scenario]:
+    """The scenarios to run, in the benchmark's order. The provider-fault scenarios simulate
+    the model provider itself, so they are not run against a real endpoint."""
+    if not names:
+        return [s for s in SCENARIOS if not (real and s.provider_fault)]
+    unknown = [n for n in names if n not in SCENARIO_BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIO_BY_NAME)}")
+    picked = [s for s in SCENARIOS if s.name in set(names)]
+    simulated = [s.name for s in picked if real and s.provider_fault]
+    if simulated:
+        raise ValueError(
+            f"{', '.join(simulated)}: a provider-fault scenario simulates the model provider; with --model "
+            "the endpoint is real (choose tool-fault scenarios)"
+        )
+    return picked
+
+
+def total_steps(
+    runs: int,
+    frameworks: Sequence[str],
+    policies: int = len(policy.POLICY_NAMES),
+    scenarios: int = len(SCENARIOS),
+) -> int:
+    return runs * scenarios * len(ARMS) * len(frameworks) * policies

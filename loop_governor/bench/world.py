@@ -130,6 +130,37 @@ class TaskSpec:
                     tool_fields[key] = (type(value), ...)
         return {name: create_model(f"{name}_args", **spec) for name, spec in fields.items()}
 
+    def delivered_by(self, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """The sub-tasks that successful ``calls`` (tool, arguments) deliver, in plan order.
+
+        How a real model's work is scored (a scripted model lists what it delivered in its
+        answer; a real one writes prose): a sub-task is delivered by a successful call of
+        one of its options' tools with that option's arguments. Text compares without case
+        or surrounding blanks; an argument on which two options of the same tool differ
+        (the ticket's priority: the invalid one and its correction) may take any value the
+        service accepts.
+        """
+
+        def norm(value: Any) -> Any:
+            return value.strip().casefold() if isinstance(value, str) else value
+
+        done = [(tool, {k: norm(v) for k, v in args.items()}) for tool, args in calls]
+        out = []
+        for sub in self.plan:
+            for option in sub.options:
+                free = {
+                    key
+                    for other in sub.options
+                    if other.tool == option.tool
+                    for key, value in other.args
+                    if option.kwargs.get(key) != value
+                }
+                wanted = {k: norm(v) for k, v in option.args if k not in free}
+                if any(t == option.tool and all(a.get(k) == v for k, v in wanted.items()) for t, a in done):
+                    out.append(sub.sid)
+                    break
+        return out
+
 
 Fault = Callable[["Downstream", str, dict[str, Any], float], BaseException | None]
 """(world, tool, args, seconds since the world started) -> the failure to raise, or None."""
@@ -142,6 +173,7 @@ class Request:
     start: float
     end: float
     ok: bool
+    args: dict[str, Any] = field(default_factory=dict)  # as the service read them (``canonical``)
 
 
 @dataclass
@@ -178,7 +210,7 @@ class Downstream:
         finally:
             with self.lock:
                 self.inflight[tool] -= 1
-                self.requests.append(Request(CURRENT_TASK.get(), tool, start, self.clock(), fault is None))
+                self.requests.append(Request(CURRENT_TASK.get(), tool, start, self.clock(), fault is None, kwargs))
         if fault is not None:
             raise fault
         arg_text = ",".join(f"{k}={v}" for k, v in sorted(kwargs.items()))

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from loop_governor.bench import policy
@@ -125,8 +126,9 @@ def test_cli_writes_json_and_html(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "not a real model" in result.output
-    assert "where governance does not win" in result.output and "jitter ablation" in result.output
+    said = " ".join(result.output.split())
+    assert "not a real model" in said
+    assert str(out) in said and str(page) in said  # where the full tables are
     data = json.loads(out.read_text())
     assert data["frameworks"] == ["langchain"]
     assert list(data["model_policies"]) == ["stubborn"] and data["headline_policy"] == "stubborn"
@@ -142,7 +144,33 @@ def test_cli_writes_json_and_html(tmp_path: Path) -> None:
         }
     text = page.read_text()
     assert text.count("<svg") >= 5 and "not a real model" in text
+    assert "Where governance does not win" in text and "Jitter ablation" in text
     assert "<script" not in text and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_make_demo_prints_a_summary_and_writes_the_full_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make demo`` runs ``loop-governor bench`` with no arguments: a short summary in plain
+    words, the full tables in the HTML report and JSON in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    args = ["bench", "--runs", "1", "--scenarios", "missing_document,provider_429_storm"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) <= 40, result.output
+    for policy_name in POLICIES:
+        assert policy_name in result.output
+    for label in ("plain agent", "framework built-ins", "loop-governor"):
+        assert label in result.output
+    for internal in ("seed 004", "ungoverned", "seed's"):
+        assert internal not in result.output
+    data = json.loads((tmp_path / "loop-governor-bench.json").read_text())
+    assert data["scenarios"] == ["missing_document", "provider_429_storm"]
+    html_text = (tmp_path / "loop-governor-bench.html").read_text()
+    assert "per framework" in html_text.lower() or "Tool calls per task" in html_text
+    assert "seed 004" not in html_text
+    full = CliRunner().invoke(app, [*args, "--full"])
+    assert full.exit_code == 0 and "where governance does not win" in full.output
+    assert len(full.output.splitlines()) > len(lines)
 
 
 def test_cli_rejects_an_unknown_framework_policy_or_calibration(tmp_path: Path) -> None:

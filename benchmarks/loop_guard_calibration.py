@@ -91,6 +91,19 @@ def _stop(replay: lr.Replay, guard: str) -> lr.Stop | None:
     return replay.governor if guard == "governor" else replay.fuse
 
 
+def _ended(replay: lr.Replay, guard: str, start: int) -> lr.Stop | None:
+    """Where a guard ended a loop starting at step ``start``: its stop, or for the governor
+    the earlier of its stop and its first withdrawal of a tool from ``start`` on (in a live
+    run the model is no longer offered the tool there; a later call of it is the stop)."""
+    stop = _stop(replay, guard)
+    if guard != "governor":
+        return stop
+    withdrawn = next((w for w in replay.withdrawals if w.step >= start), None)
+    if withdrawn is None:
+        return stop
+    return withdrawn if stop is None or withdrawn.step < stop.step else stop
+
+
 def _context(replay: lr.Replay, at: int) -> list[str]:
     lines = []
     for i in range(max(0, at - CONTEXT), min(len(replay.steps), at + 2)):
@@ -185,7 +198,7 @@ def recorded(runs: list[lr.Run], settings: Settings) -> dict[str, Any]:
                 "governor_said": _squeeze(replay.outcomes[loop.start : loop.end + 1]),
             }
             for guard in GUARDS:
-                stop = _stop(replay, guard)
+                stop = _ended(replay, guard, loop.start)
                 if stop is None:
                     entry[guard] = {"status": "not stopped"}
                 elif stop.step < loop.start:

@@ -270,6 +270,9 @@ class Replay:
     model_calls: int
     governor: Stop | None = None
     fuse: Stop | None = None
+    # the governor's tool withdrawals (the ladder's step before a stop: the model is no
+    # longer offered the tool, so a live loop of it ends there)
+    withdrawals: list[Stop] = field(default_factory=list)
     signals: list[Signal] = field(default_factory=list)  # governor warnings / stops (events)
     outcomes: list[str] = field(default_factory=list)  # per step: what the governor answered
 
@@ -342,6 +345,8 @@ def replay(
             action = event.get("action")
             fields = {k: event[k] for k in SIGNAL_FIELDS if isinstance(event.get(k), (str, int, float))}
             out.signals.append(Signal(index, name, event.get("tool"), None if action is None else str(action), fields))
+            if name == "tool_withdrawn":
+                out.withdrawals.append(Stop(index, f"withdrawn:{event.get('code')}", str(event.get("reason") or "")))
 
     gov.subscribe(on_event)
     with gov.task(task_id):

@@ -1,0 +1,208 @@
+"""Issue 24 in the core: stops a user can trust.
+
+The world changes (a state-changing success retires earlier failures), a different
+question is progress, sessions the agent renews are not fatal, polls are declared,
+parallel calls of one model turn are one decision, and the ladder withdraws a tool
+before it ends the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from lg_testing import Backend, HTTPError, VirtualClock
+
+import loop_governor as lg
+from loop_governor.ladder import nothing_left
+
+
+def governor(clock: VirtualClock, **tools: lg.ToolPolicy) -> lg.Governor:
+    return lg.Governor(lg.GovernorConfig(tools=tools), clock=clock, sleep=clock.sleep)
+
+
+def events_of(gov: lg.Governor, name: str) -> list[dict[str, Any]]:
+    heard: list[dict[str, Any]] = []
+    gov.subscribe(lambda e: heard.append(e) if e["event"] == name else None)
+    return heard
+
+
+class Car:
+    """``start_engine`` needs the brake pressed first (a precondition another tool fixes)."""
+
+    def __init__(self) -> None:
+        self.brake = False
+        self.starts = 0
+
+    def start_engine(self) -> str:
+        self.starts += 1
+        if not self.brake:
+            raise ValueError("Brake pedal must be pressed when starting the engine")
+        return "engine running"
+
+    def press_brake(self) -> str:
+        self.brake = True
+        return "brake pressed"
+
+
+def test_a_precondition_fixed_by_another_tool_makes_the_retry_run(clock: VirtualClock) -> None:
+    gov, car = governor(clock), Car()
+    with gov.task("t"):
+        with pytest.raises(lg.PermanentError) as failed:
+            gov.call("start_engine", car.start_engine)
+        # the model reads the tool's words and that fixing the cause, then retrying, is right
+        assert "Brake pedal must be pressed" in failed.value.info.message
+        assert "fix what the message asks for first" in (failed.value.info.advice or "")
+        assert gov.call("press_brake", car.press_brake) == "brake pressed"
+        assert gov.call("start_engine", car.start_engine) == "engine running"
+    assert car.starts == 2  # the retry reached the engine
+
+
+def test_a_repeat_with_nothing_done_in_between_is_answered_from_memory(clock: VirtualClock) -> None:
+    gov, car = governor(clock), Car()
+    with gov.task("t"):
+        for _ in range(2):
+            with pytest.raises(lg.PermanentError):
+                gov.call("start_engine", car.start_engine)
+    assert car.starts == 1
+
+
+def test_a_read_only_success_changes_nothing(clock: VirtualClock) -> None:
+    gov, car = governor(clock, get_status=lg.ToolPolicy(read_only=True)), Car()
+    with gov.task("t"):
+        with pytest.raises(lg.PermanentError):
+            gov.call("start_engine", car.start_engine)
+        gov.call("get_status", lambda: "parked")  # a lookup: the car is as it was
+        with pytest.raises(lg.PermanentError):
+            gov.call("start_engine", car.start_engine)
+    assert car.starts == 1
+
+
+def test_a_stateless_tool_keeps_its_failures_whatever_else_succeeds(clock: VirtualClock) -> None:
+    gov = governor(clock, fetch=lg.ToolPolicy(stateless=True))
+    backend = Backend(forever=HTTPError(404, "no such page"))
+    with gov.task("t"):
+        with pytest.raises(lg.PermanentError):
+            gov.call("fetch", backend, "/gone")
+        gov.call("write_file", lambda: "ok")
+        with pytest.raises(lg.PermanentError):
+            gov.call("fetch", backend, "/gone")
+    assert backend.calls == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("User not authenticated. Please log in", "permanent"),
+        ("Session expired, please log in again", "permanent"),
+        ("You must be logged in to view orders", "permanent"),
+        ("Incorrect API key provided: sk-abcdefghijklmnopqrstuvwxyz", "fatal"),
+        ("not authenticated: the API key was revoked", "fatal"),
+        ("Authentication required.", "fatal"),
+    ],
+)
+def test_a_session_the_agent_renews_is_not_fatal(message: str, kind: str) -> None:
+    assert lg.classify(ValueError(message)).error_type == kind
+
+
+def test_login_then_retry_runs_the_call_again(clock: VirtualClock) -> None:
+    gov, session = governor(clock), {"in": False}
+
+    def orders() -> str:
+        if not session["in"]:
+            raise PermissionError("User not authenticated. Please log in")
+        return "#W2378156"
+
+    with gov.task("t"):
+        with pytest.raises(lg.PermanentError):
+            gov.call("get_orders", orders)
+        gov.call("login", lambda: session.update({"in": True}) or "logged in")
+        assert gov.call("get_orders", orders) == "#W2378156"
+
+
+def test_lookups_of_many_entities_are_never_warned(clock: VirtualClock) -> None:
+    gov = governor(clock)
+    no_progress, cycles = events_of(gov, "no_progress"), events_of(gov, "cycle")
+    with gov.task("t"):
+        for i in range(12):
+            balance = gov.call("get_balance", lambda acct, i=i: f"balance: {100 + i}.00 USD", f"ACC-{1000 + 7 * i}")
+            status = gov.call("order_status", lambda order: "Status: delivered", f"#W{i}")
+            assert "loop-governor" not in balance + status
+    assert no_progress == [] and cycles == []
+
+
+def test_a_declared_poll_repeats_freely_within_its_bounds(clock: VirtualClock) -> None:
+    gov = governor(clock, job_status=lg.ToolPolicy(poll=True, max_calls=10, max_wall_s=300))
+    with gov.task("t") as scope:
+        for _ in range(10):
+            assert gov.call("job_status", lambda job: "running", "J-1") == "running"  # never annotated
+            clock.advance(5)
+        assert scope.withdrawn == {}
+        with pytest.raises(lg.BudgetExhaustedError) as over:
+            gov.call("job_status", lambda job: "running", "J-1")
+    assert over.value.info.code == "max_calls"
+
+
+def test_a_poll_is_bounded_by_wall_time_too(clock: VirtualClock) -> None:
+    gov = governor(clock, job_status=lg.ToolPolicy(poll=True))
+    with gov.task("t"):
+        gov.call("job_status", lambda: "running")
+        clock.advance(601)  # the default bound of a poll: 600 s from its first call
+        with pytest.raises(lg.BudgetExhaustedError) as over:
+            gov.call("job_status", lambda: "running")
+    assert over.value.info.code == "max_wall_s"
+
+
+def test_an_undeclared_poll_is_stopped_and_the_stop_names_the_option(clock: VirtualClock) -> None:
+    gov = governor(clock)
+    with gov.task("t"), pytest.raises(lg.NoProgressError) as stop:
+        for _ in range(20):
+            gov.call("job_status", lambda: "state: running, 0 of 12 steps done")
+    assert "ToolPolicy(poll=True)" in stop.value.info.message
+
+
+def test_parallel_calls_of_one_turn_are_one_decision(clock: VirtualClock) -> None:
+    gov = governor(clock)
+    backend = Backend(forever=HTTPError(404, "no such order"))
+    with gov.task("t") as scope:
+        gov.count_step("model")  # one model turn asked for 6 identical lookups
+        for _ in range(6):
+            with pytest.raises(lg.PermanentError) as err:
+                gov.call("get_order", backend, "#W1")
+            assert not isinstance(err.value, lg.FatalError)
+        assert scope.withdrawn == {}  # the model was never told between them
+        for _ in range(3):  # the next turns repeat it after being told: the ladder climbs
+            gov.count_step("model")
+            with pytest.raises(lg.PermanentError):
+                gov.call("get_order", backend, "#W1")
+        assert "get_order" in scope.withdrawn
+        gov.count_step("model")
+        with pytest.raises(lg.NoProgressError):
+            gov.call("get_order", backend, "#W1")
+    assert backend.calls == 1
+
+
+def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
+    gov = governor(clock)
+    withdrawn = events_of(gov, "tool_withdrawn")
+    backend = Backend(forever=HTTPError(404, "document 42 not found"))
+    advice = []
+    with gov.task("t") as scope:
+        scope.add_result("summary so far")
+        for _ in range(3):  # told, answered from memory, withdrawn
+            with pytest.raises(lg.PermanentError) as err:
+                gov.call("fetch_doc", backend, 42)
+            advice.append(err.value.info.advice or "")
+        assert gov.call("search", lambda q: "3 hits", "x") == "3 hits"  # other tools still work
+        # an adapter asks what is left before the next model call
+        assert nothing_left(gov.rt, scope, ["fetch_doc", "search"]) is None
+        stop = nothing_left(gov.rt, scope, ["fetch_doc"])
+        assert isinstance(stop, lg.NoProgressError) and stop.info.code == "repeated_failure"
+        with pytest.raises(lg.NoProgressError) as persisted:
+            gov.call("fetch_doc", backend, 43)  # the model calls it anyway: the run ends
+    assert "2 more identical calls withdraw fetch_doc" in advice[0]
+    assert "the next identical call withdraws fetch_doc" in advice[1]
+    assert "fetch_doc is now withdrawn" in advice[2] and "Calling it again ends the task" in advice[2]
+    assert [(e["tool"], e["code"]) for e in withdrawn] == [("fetch_doc", "repeated_failure")]
+    assert persisted.value.partial_results[:1] == ["summary so far"]
+    assert backend.calls == 1

@@ -19,8 +19,10 @@ What "the same thing" is, per signal:
 * an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
   while the tool is refused.
 
-The first two hold only while the world stands still: a success of a tool that may
-change state (the fix of a precondition) starts them over, and the retried call runs.
+After a success of a tool that may change state (the fix of a precondition) the retried
+call runs for real (:mod:`loop_governor.known_bad`): if it now works, nothing is counted;
+if it fails the identical way again, the fix did not fix it, and that counts as a repeat.
+The repeated-error count of alike calls starts over after such a success.
 The last two are about the tool's availability, not about what the model asked: any
 success of the tool ends them (a later outage is a new one the model is told about).
 Parallel calls of one model turn are one decision: they never count as repeats of each
@@ -101,8 +103,12 @@ class Escalation(Policy):
         if subject is None:
             return error
         kind, about = subject[0]
-        if kind not in _AVAILABILITY:
-            about = f"{about}@{scope.world}"  # in this world: a fix since starts it over
+        if kind == "call":
+            # the identical call failing the identical way: after a fix (the world moved on)
+            # the call runs for real, and failing alike again it repeats what it was told
+            about = f"{about}|{error.info.signature}"
+        elif kind == "signature":
+            about = f"{about}@{scope.world}"  # alike calls in this world: a fix starts it over
         key, repeat = (kind, about), subject[1]
         # the ladder: told, answered from memory (or refused) ``escalation_repeats`` more
         # times, then withdrawn; the next call of it ends the run

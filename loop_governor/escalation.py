@@ -103,12 +103,16 @@ class Escalation(Policy):
         if subject is None:
             return error
         kind, about = subject[0]
+        identical = f"{call.key}|{error.info.signature}"
         if kind == "call":
             # the identical call failing the identical way: after a fix (the world moved on)
             # the call runs for real, and failing alike again it repeats what it was told
-            about = f"{about}|{error.info.signature}"
+            about = identical
         elif kind == "signature":
-            about = f"{about}@{scope.world}"  # alike calls in this world: a fix starts it over
+            if ("call", identical) in scope.told:
+                kind, about = "call", identical  # the identical call again: its own count goes on
+            else:
+                about = f"{about}@{scope.world}"  # alike calls in this world: a fix starts it over
         key, repeat = (kind, about), subject[1]
         # the ladder: told, answered from memory (or refused) ``escalation_repeats`` more
         # times, then withdrawn; the next call of it ends the run

@@ -45,7 +45,7 @@ def _cycle(period: int) -> str:
 class CycleTracker:
     """Per-task: the last steps and, per period, how many steps in a row matched."""
 
-    __slots__ = ("_decision", "_history", "_period", "_runs", "_since", "_turn")
+    __slots__ = ("_decision", "_first", "_history", "_period", "_runs", "_since", "_turn")
 
     def __init__(self) -> None:
         self._history: list[tuple[str, Fingerprint, Call]] = []
@@ -53,19 +53,20 @@ class CycleTracker:
         self._period = 0  # the cycle the model was warned about (0: none)
         self._since = 0  # its steps since the warning
         self._decision: int | None = None  # the model decision of the last step
-        self._turn: set[tuple[str, int]] = set()  # (tool, arguments) of that decision's calls, once asked
+        self._first: Call | None = None  # that decision's first call
+        self._turn: set[tuple[str, int]] = set()  # (tool, arguments) of its calls, from its second call on
 
     def parallel_repeat(self, call: Call, decision: int | None) -> bool:
         """Whether ``call`` repeats a call of the same model decision (parallel calls of one
         turn are one decision, not a cycle). Arguments are normalized only for the second
         and later calls of a decision."""
         if decision is None or decision != self._decision:
-            self._decision, self._turn = decision, set()
+            self._decision, self._first, self._turn = decision, call, set()
             return False
-        turn = self._turn
-        if not turn and self._history:
-            last = self._history[-1][2]
-            turn.add((last.name, last.args_signature[0]))
+        turn, first = self._turn, self._first
+        if first is not None:
+            turn.add((first.name, first.args_signature[0]))
+            self._first = None
         key = (call.name, call.args_signature[0])
         if key in turn:
             return True

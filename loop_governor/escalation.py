@@ -89,10 +89,18 @@ class Escalation(Policy):
 
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
-        if scope is not None and scope.unavailable:
+        if scope is None:
+            return result
+        if scope.unavailable:
             # the tool answered: its outage (failures, breaker, rate limit) is over
             for key in scope.unavailable.pop(call.name, ()):
                 scope.told.pop(key, None)
+        calls = scope.told_calls.get(call.name) if scope.told_calls else None
+        if calls:
+            # the very call works now (its cause was fixed): a later failure is news
+            told = calls.pop(call.key, None)
+            if told is not None:
+                scope.told.pop(told, None)
         return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
@@ -123,6 +131,8 @@ class Escalation(Policy):
             told[key] = (0, invocation, decision)  # told now: the text says what a repeat will do
             if kind in _AVAILABILITY:
                 scope.unavailable.setdefault(call.name, set()).add(key)
+            elif kind == "call":
+                scope.told_calls.setdefault(call.name, {})[call.key] = key
             return self._warn(call, error, key, limit)
         count, last, last_decision = seen or (0, None, None)
         if (invocation is not None and invocation == last) or (decision is not None and decision == last_decision):

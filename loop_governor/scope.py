@@ -49,6 +49,7 @@ class TaskScope:
         "task_id",
         "tokens",
         "told",
+        "told_calls",
         "tool_calls",
         "unavailable",
         "withdrawn",
@@ -90,6 +91,9 @@ class TaskScope:
         # tool -> its entries of ``told`` about its availability (outage, breaker, rate
         # limit), which its next success ends: found without a scan of ``told``
         self.unavailable: dict[str, set[tuple[str, str]]] = {}
+        # tool -> call key -> its entry of ``told`` about that identical call failing: the
+        # call's own success ends it (found without a scan of ``told``)
+        self.told_calls: dict[str, dict[str, tuple[str, str]]] = {}
         self.last_invocation: Any = None  # the tool call id of the task's last governed tool call
         self.bad_calls: Any = None  # known_bad.BadCalls, made at the task's first permanent failure
         self._token: Token[TaskScope | None] | None = None

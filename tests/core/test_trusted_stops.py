@@ -206,3 +206,22 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
     assert [(e["tool"], e["code"]) for e in withdrawn] == [("fetch_doc", "repeated_failure")]
     assert persisted.value.partial_results[:1] == ["summary so far"]
     assert backend.calls == 1
+
+
+def test_a_fix_that_did_not_fix_it_counts_and_a_success_starts_over(clock: VirtualClock) -> None:
+    gov, car = governor(clock), Car()
+    with gov.task("t") as scope:
+        for _ in range(2):  # "fixed" with a tool that changes nothing the engine needs
+            with pytest.raises(lg.PermanentError):
+                gov.call("start_engine", car.start_engine)
+            gov.call("honk", lambda: "honked")
+        assert car.starts == 2  # each retry after a state-changing success ran for real
+        gov.call("press_brake", car.press_brake)
+        assert gov.call("start_engine", car.start_engine) == "engine running"
+        car.brake = False  # later in the task the precondition fails again: news, told afresh
+        for _ in range(2):
+            with pytest.raises(lg.PermanentError) as again:
+                gov.call("start_engine", car.start_engine)
+            gov.call("honk", lambda: "honked")
+        assert "2 more calls failing the same way withdraw start_engine" in (again.value.info.advice or "")
+        assert scope.withdrawn == {}

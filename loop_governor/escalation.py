@@ -19,10 +19,12 @@ What "the same thing" is, per signal:
 * an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
   while the tool is refused.
 
-After a success of a tool that may change state (the fix of a precondition) the retried
-call runs for real (:mod:`loop_governor.known_bad`): if it now works, nothing is counted;
-if it fails the identical way again, the fix did not fix it, and that counts as a repeat.
-The repeated-error count of alike calls starts over after such a success.
+The first two hold only while the world stands still: after a success of a tool that
+may change state (the fix of a precondition) the retried call runs for real
+(:mod:`loop_governor.known_bad`) and the count starts over. Counting a fix that did not
+fix it would stop coding agents that re-run the same failing script after each edit
+(measured on recorded runs); cycles still catch a fix-and-retry pair that repeats with
+the same results.
 The last two are about the tool's availability, not about what the model asked: any
 success of the tool ends them (a later outage is a new one the model is told about).
 Parallel calls of one model turn are one decision: they never count as repeats of each
@@ -111,16 +113,17 @@ class Escalation(Policy):
         if subject is None:
             return error
         kind, about = subject[0]
-        identical = f"{call.key}|{error.info.signature}"
+        # in this world: after a success that may have changed it (a fix), the retried call
+        # runs for real and its count starts over -- a coding agent re-running the same
+        # failing script after each edit is iterating, not looping (its step budget bounds it)
+        identical = f"{call.key}@{scope.world}"
         if kind == "call":
-            # the identical call failing the identical way: after a fix (the world moved on)
-            # the call runs for real, and failing alike again it repeats what it was told
             about = identical
         elif kind == "signature":
             if ("call", identical) in scope.told:
                 kind, about = "call", identical  # the identical call again: its own count goes on
             else:
-                about = f"{about}@{scope.world}"  # alike calls in this world: a fix starts it over
+                about = f"{about}@{scope.world}"
         key, repeat = (kind, about), subject[1]
         # the ladder: told, answered from memory (or refused) ``escalation_repeats`` more
         # times, then withdrawn; the next call of it ends the run

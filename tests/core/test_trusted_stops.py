@@ -208,7 +208,7 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
     assert backend.calls == 1
 
 
-def test_a_fix_that_did_not_fix_it_counts_and_a_success_starts_over(clock: VirtualClock) -> None:
+def test_each_fix_lets_the_retry_run_and_a_success_ends_the_count(clock: VirtualClock) -> None:
     gov, car = governor(clock), Car()
     with gov.task("t") as scope:
         for _ in range(2):  # "fixed" with a tool that changes nothing the engine needs

@@ -68,8 +68,12 @@ class Settings:
     model_calls: bool = False  # each turn is also a g.call_model of a stub
     raise_failures: bool = True  # recorded failures raise (off: every result is returned)
     suite_cases: int = 20  # cases per generated pattern (0: no generated suites)
+    read_only: tuple[str, ...] = ()  # tools of the recorded runs declared ToolPolicy(read_only=True)
 
     def replay(self, turns: Any, run: lr.Run, *, run_on: bool = False) -> lr.Replay:
+        config = None
+        if self.read_only:
+            config = lg.GovernorConfig(tools={t: lg.ToolPolicy(read_only=True) for t in self.read_only})
         return lr.replay(
             turns,
             run.kind,
@@ -78,6 +82,7 @@ class Settings:
             model_calls=self.model_calls,
             run_on=run_on,
             raise_failures=self.raise_failures,
+            config=config,
         )
 
 
@@ -715,8 +720,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--suite-cases", type=int, default=20, help="cases per generated pattern (benchmarks/loop_patterns.py); 0: none"
     )
+    parser.add_argument(
+        "--read-only",
+        default="",
+        help="comma-separated tools of the recorded runs to declare ToolPolicy(read_only=True) "
+        "(what a user would declare: lookups, think, calculate); default: none, every tool may change state",
+    )
     args = parser.parse_args(argv)
-    settings = Settings(args.seed, args.positions, args.model_calls, not args.no_raise, args.suite_cases)
+    read_only = tuple(t for t in args.read_only.split(",") if t)
+    settings = Settings(args.seed, args.positions, args.model_calls, not args.no_raise, args.suite_cases, read_only)
     report = evaluate(args.paths, settings)
     console = Console(width=200, highlight=False, markup=False)
     render(report, console)

@@ -183,7 +183,7 @@ def _spec(llm: Any, messages: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     fallbacks = [(endpoint_of(f), _attempt(f, args, kwargs, asynchronous, reports)) for f in llm._lg_fallbacks]
     options: dict[str, Any] = {
         "usage": lambda _result: _usage_of(reports),
-        "estimated_tokens": lambda: _prompt_tokens(messages),
+        "estimated_tokens": _prompt_tokens,  # asked per attempt's messages (a compacted retry: its own)
         "compact": _compact if llm._lg_compact else None,
         "fallbacks": fallbacks,
         "describe": lambda _result: {"model": getattr(reports.llm or llm, "model", None)},

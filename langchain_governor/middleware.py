@@ -288,7 +288,8 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         answered = [request.model]  # the model that made the last attempt: a fallback's, once used
         options: dict[str, Any] = {
             "usage": usage_of_response,
-            "estimated_tokens": lambda: prompt_tokens(messages, system),
+            # asked per attempt's request: a compacted retry is charged its own size
+            "estimated_tokens": lambda sent: prompt_tokens(sent.messages, sent.system_message),
             "compact": self._compact if self._pruners.enabled else None,
             "fallbacks": [(self._copies(m)[1], _sent_to(m, handler, capture, answered)) for m in self._fallbacks],
         }

@@ -349,17 +349,21 @@ class Chain:
 
     def _ready(self, call: Call, compacted: Any) -> None:
         """A compaction retry with nothing to send is refused before the attempt policies
-        admit it (an open breaker's probe, once taken, would be kept by a retry never sent)."""
-        if call.pending is not None and compacted is None:
-            self._compact(call, None)
+        admit it (an open breaker's probe, once taken, would be kept by a retry never sent);
+        one with a prompt to send is admitted on that prompt's size (the rate limit)."""
+        if call.pending is not None:
+            if compacted is None:
+                self._compact(call, None)
+            call.upcoming = _as_args(compacted)
 
     def _compact(self, call: Call, compacted: Any) -> None:
         """Run the retry after ``context_length_exceeded`` on the compacted arguments."""
         call.pending = None
         call.compacted = True
+        call.upcoming = None
         if compacted is None:
             raise Refused("compaction")  # nothing left to cut: the context error stands
-        call.args = compacted if isinstance(compacted, tuple) else (compacted,)
+        call.args = _as_args(compacted)
         self.rt.events.emit("compaction", model=call.name)
 
     def _attempt_ok(self, plan: Plan, call: Call, result: Any) -> Any:
@@ -376,7 +380,7 @@ class Chain:
             usage = read(result)
         except Exception:
             usage = None
-        estimate = options.estimated_tokens() if usage is None and options is not None else None
+        estimate = options.estimated_tokens(call.args) if usage is None and options is not None else None
         if estimate:
             # No usage reported (a stream without usage, a client that drops it): the
             # budgets go on estimates, and the trace says so.
@@ -410,6 +414,10 @@ class Chain:
         for moment in plan.after_failure:
             error = moment(call, error)
         return error
+
+
+def _as_args(compacted: Any) -> tuple[Any, ...]:
+    return compacted if isinstance(compacted, tuple) else (compacted,)
 
 
 async def _awaited(value: Any) -> Any:

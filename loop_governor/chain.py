@@ -27,7 +27,7 @@ from typing import Any
 from tenacity import AsyncRetrying, Retrying
 
 from loop_governor.call import MODEL, AttemptPolicy, Call, PassThrough, Policy, Refused, Resumed, overrides
-from loop_governor.errors import AgentToolError, TransientError
+from loop_governor.errors import AgentToolError, BudgetExhaustedError, FatalError, TransientError
 from loop_governor.outcome import failure
 from loop_governor.redaction import redact
 from loop_governor.retry import RetryLoop
@@ -390,9 +390,15 @@ class Chain:
 
     def _fall_back(self, call: Call, error: AgentToolError) -> bool:
         """Move a model call to its next fallback while the model is down (breaker open,
-        transient retries spent, rate limited); permanent and fatal outcomes stand."""
+        transient retries spent, rate limited) or its endpoint's credentials or account
+        are refused (a fatal outcome of this endpoint: a revoked key, an exhausted quota --
+        another endpoint has its own); permanent outcomes, and the task's own stops, stand."""
         options = call.model
-        if options is None or not options.fallbacks or not isinstance(error, TransientError):
+        if options is None or not options.fallbacks:
+            return False
+        if not isinstance(error, TransientError) and (
+            not isinstance(error, FatalError) or isinstance(error, BudgetExhaustedError)
+        ):
             return False
         index = call.next_fallback
         if index >= len(options.fallbacks):

@@ -262,6 +262,11 @@ def govern_llm(
         raise ValueError("this LLM is already governed by another governor")
     if not isinstance(llm, BaseLLM):
         raise TypeError(f"govern_llm expects a crewAI BaseLLM, got {type(llm).__name__}")
+    names = [endpoint_of(llm), *(endpoint_of(f) for f in fallbacks)]
+    for i, name in enumerate(names[1:], 1):
+        if name in names[:i]:
+            # the same endpoint again: the same failing requests, under the same breaker
+            raise ValueError(f"fallbacks: {name!r} is the model's own endpoint or named twice")
     key = (id(llm), id(gov))
     entry = _copies.get(key)
     if entry is not None and entry[0]() is llm and entry[1]._lg_compact == compact:

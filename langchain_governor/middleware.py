@@ -194,6 +194,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         self.record_messages = record_messages
         self._copies = ModelCopies(self.governor.config.sdk_retries)
         self._fallbacks = [self._copies(m)[0] for m in fallback_models]
+        named = [self._copies(m)[1] for m in fallback_models]
+        if len(set(named)) < len(named):  # the agent's own model is checked per call (governor.call_model)
+            raise ValueError(f"fallback_models: an endpoint is named twice: {named}")
         self._tasks = LiveTasks(self.governor)
 
     # -- task scope ---------------------------------------------------------------------

@@ -139,8 +139,15 @@ def test_crewai_a_fallback_on_the_same_endpoint_is_refused(openai_server: OpenAI
     primary = crewai.LLM(model=f"openai/{MODEL}", base_url=openai_server.url, api_key=KEY)
     same = crewai.LLM(model=f"openai/{MODEL}", base_url=openai_server.url, api_key=KEY)
     with pytest.raises(ValueError, match="fallbacks"):
-        govern_llm(primary, gov, fallbacks=[same]).call("hi")
+        govern_llm(primary, gov, fallbacks=[same])  # refused when configured
     assert openai_server.count() == 0
+
+
+def test_langchain_a_fallback_named_twice_is_refused_when_configured(openai_server: OpenAIServer) -> None:
+    with pytest.raises(ValueError, match="fallback_models"):
+        GovernorMiddleware(
+            lg.Governor(), fallback_models=[chat(openai_server, FALLBACK), chat(openai_server, FALLBACK)]
+        )
 
 
 # ------------------------------------------------------------------ item 7: redaction

@@ -1,7 +1,8 @@
 """Defects an adversarial review confirmed that need a design decision (not fixed).
 
 Each test states the behaviour a user would expect and is marked ``xfail(strict=True)``:
-it fails today, and the suite goes red (XPASS) on the day the behaviour is fixed, so
+it fails today with the error named in ``raises`` (any other failure is red), and the
+suite goes red (XPASS) on the day the behaviour is fixed, so
 the marker is removed with the fix.
 """
 
@@ -14,7 +15,11 @@ import pytest
 import loop_governor as lg
 
 
-@pytest.mark.xfail(strict=True, reason="known-bad memory outlives the cause; escalation now ends the run on it")
+@pytest.mark.xfail(
+    strict=True,
+    raises=lg.PermanentError,
+    reason="known-bad memory outlives the cause; escalation now ends the run on it",
+)
 def test_a_call_retried_after_the_model_fixed_its_cause_runs_again(gov: lg.Governor) -> None:
     files: dict[str, str] = {}
 
@@ -34,7 +39,11 @@ def test_a_call_retried_after_the_model_fixed_its_cause_runs_again(gov: lg.Gover
         assert gov.call("read_file", read_file, "config.yaml") == "debug: true\n"
 
 
-@pytest.mark.xfail(strict=True, reason="a walk whose empty answer echoes the page number never repeats exactly")
+@pytest.mark.xfail(
+    strict=True,
+    raises=pytest.fail.Exception,  # DID NOT RAISE NoProgressError
+    reason="a walk whose empty answer echoes the page number never repeats exactly",
+)
 def test_paging_through_empty_pages_that_echo_the_page_is_stopped(gov: lg.Governor) -> None:
     def list_orders(customer: str, page: int) -> str:
         return json.dumps({"customer": customer, "page": page, "orders": []})
@@ -44,7 +53,11 @@ def test_paging_through_empty_pages_that_echo_the_page_is_stopped(gov: lg.Govern
             gov.call("list_orders", list_orders, customer="c-1", page=page)
 
 
-@pytest.mark.xfail(strict=True, reason="the no-progress guard counts identical answers to different questions")
+@pytest.mark.xfail(
+    strict=True,
+    raises=lg.NoProgressError,
+    reason="the no-progress guard counts identical answers to different questions",
+)
 def test_a_batch_of_lookups_with_the_same_answer_is_not_a_loop(gov: lg.Governor) -> None:
     def order_status(order_id: str) -> str:
         return "Status: delivered (signed for at the front desk)"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -220,7 +221,7 @@ class Chain:
             return call.fn(*call.args, **call.kwargs)
 
         try:
-            result = Retrying(sleep=self.rt.sleep, **loop.tenacity_kwargs())(attempt)
+            result = Retrying(sleep=lambda seconds: self._sleep(call, seconds), **loop.tenacity_kwargs())(attempt)
         except Refused as refused:
             raise self._stopped(call, refused) from None
         except _OwnError as own:
@@ -257,7 +258,9 @@ class Chain:
             return await _awaited(call.fn(*call.args, **call.kwargs))
 
         try:
-            result = await AsyncRetrying(sleep=self.rt.asleep, **loop.tenacity_kwargs())(attempt)
+            result = await AsyncRetrying(sleep=lambda seconds: self._asleep(call, seconds), **loop.tenacity_kwargs())(
+                attempt
+            )
         except Refused as refused:
             raise self._stopped(call, refused) from None
         except _OwnError as own:
@@ -275,17 +278,34 @@ class Chain:
     def _wait(self, call: Call, moment: Callable[[Call], float], wait: float) -> None:
         """Sleep while an attempt policy (a rate limit) asks to, then ask it again."""
         while wait > 0:
-            call.waited_s += wait
-            self.rt.sleep(wait)
+            self._sleep(call, wait)
             wait = moment(call)
 
     async def _aadmit(self, plan: Plan, call: Call) -> None:
         for moment in plan.before_retry if call.attempt else plan.before_first:
             wait = moment(call)
             while wait > 0:
-                call.waited_s += wait
-                await self.rt.asleep(wait)
+                await self._asleep(call, wait)
                 wait = moment(call)
+
+    def _sleep(self, call: Call, seconds: float) -> None:
+        """Sleep, and count what the wait took against the call's wait limit: the time it
+        really took (a monotonic clock: sleeps overshoot, a busy host more so), at least
+        what was asked (an injected sleep that does not sleep still counts)."""
+        clock = _monotonic(self.rt.clock)
+        started = clock()
+        try:
+            self.rt.sleep(seconds)
+        finally:
+            call.waited_s += max(seconds, clock() - started)
+
+    async def _asleep(self, call: Call, seconds: float) -> None:
+        clock = _monotonic(self.rt.clock)
+        started = clock()
+        try:
+            await self.rt.asleep(seconds)
+        finally:
+            call.waited_s += max(seconds, clock() - started)
 
     # -- shared steps ------------------------------------------------------------------
 
@@ -420,6 +440,12 @@ class Chain:
         for moment in plan.after_failure:
             error = moment(call, error)
         return error
+
+
+def _monotonic(clock: Callable[[], float]) -> Callable[[], float]:
+    """The clock local waits are measured on: an injected one as it is (virtual time),
+    else the monotonic clock (the wall clock steps)."""
+    return time.monotonic if clock is time.time else clock
 
 
 def _as_args(compacted: Any) -> tuple[Any, ...]:

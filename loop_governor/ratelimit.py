@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 State = tuple[float, float]  # tokens, last refill time
 # A bucket refilled for exactly the wait it was told can fall short by a rounding error:
 # the wait that follows (~1e-16 s) does not move a float clock, and the caller would wait
-# forever. A shortfall this small (relative to the cost) is admitted.
+# forever. A shortfall this small (relative to the cost, or to one token) is admitted.
 _SLACK = 1e-9
 Bucket = tuple[str, float, float, float]  # key, rate_per_s, burst, cost
 
@@ -65,7 +65,7 @@ def take_all(states: Sequence[State | None], buckets: Sequence[Bucket], now: flo
     wait = 0.0
     for (tokens, _), (_, rate, burst, cost) in zip(refilled, buckets, strict=True):
         need = min(cost, burst)
-        if need > 0 and need - tokens > _SLACK * need:
+        if need > 0 and need - tokens > _SLACK * max(need, 1.0):  # a wait that moves no clock is none
             wait = max(wait, (need - tokens) / rate)
     if wait > 0:
         return refilled, wait

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -115,15 +116,24 @@ class RateLimit(AttemptPolicy):
     ``max_wall_s`` (model calls with no fallback left: :attr:`Call.may_wait`), else the
     retry cap -- is a refusal: the first attempt's outcome is a transient ``rate_limited``
     error; a retry just stops retrying.
+
+    Waits are served in order within a process: a call told to wait joins its key's
+    queue, and while anyone waits, a newcomer queues behind them instead of taking the
+    tokens the first in line was waiting for (a bucket alone admits whoever asks first
+    after a refill: 12 threads x 8 calls had a fair wait of 0.6 s and a longest of 2.3 s).
+    Only the first in line asks the store; the others are told their turn.
     """
 
     rated_only = True
-    __slots__ = ("_lock", "_owed", "rt")
+    __slots__ = ("_lock", "_owed", "_queues", "rt")
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         # token-bucket key -> tokens used beyond what admission took (see the module doc)
         self._owed: dict[str, float] = {}
+        # rate key -> the calls waiting their turn, first in line first, and when the first
+        # expects to be admitted (a first in line that never comes back is passed over)
+        self._queues: dict[str, tuple[deque[Call], list[float]]] = {}
         self._lock = threading.Lock()
 
     def _now(self) -> float:
@@ -139,27 +149,104 @@ class RateLimit(AttemptPolicy):
     def before_attempt(self, call: Call) -> float:
         pol = call.policy
         call.rate_tokens = None
+        buckets = buckets_for(call)
+        if not buckets:
+            return 0.0
+        now = self._now()
+        behind = self._behind(call, buckets, now)
+        if behind is not None:
+            return self._wait_or_refuse(call, behind)
         owed = 0.0
         if pol.tokens_per_s is not None and self._owed:
             with self._lock:
                 owed = self._owed.pop(_token_key(call), 0.0)
-        buckets = buckets_for(call, owed)
-        if not buckets:
-            return 0.0
-        rt = self.rt
-        wait = rt.store.rate_acquire_all(buckets, self._now())
+            if owed:
+                buckets = buckets_for(call, owed)
+        try:
+            wait = self.rt.store.rate_acquire_all(buckets, now)
+        except BaseException:
+            self._leave(call)
+            raise
         if wait <= 0:
+            self._leave(call)
             if pol.tokens_per_s is not None and buckets[-1][0] == _token_key(call):
                 call.rate_tokens = buckets[-1][3] - owed
             return 0.0
         if owed:
             self._owe(_token_key(call), owed)
+        self._join(call, now + wait)
+        return self._wait_or_refuse(call, wait)
+
+    def _wait_or_refuse(self, call: Call, wait: float) -> float:
+        pol = call.policy
         if wait > (call.wait_left if call.may_wait else pol.max_delay):
+            self._leave(call)
             if call.attempt:
                 raise Refused("rate_limited")
             raise Refused("rate_limited", rate_limited(call.kind, call.name, wait, _limit_text(call)))
-        rt.events.emit("rate_limited", tool=call.name, delay_s=wait)
+        self.rt.events.emit("rate_limited", tool=call.name, delay_s=wait)
         return wait
+
+    # -- the queue of waiting calls (one per rate key, in this process) --------------------
+
+    def _behind(self, call: Call, buckets: list[Bucket], now: float) -> float | None:
+        """How long ``call`` waits for the calls ahead of it; None when it is first in
+        line (or nobody waits): then it asks the store itself."""
+        if not self._queues:
+            return None
+        key = call.policy.rate_key
+        with self._lock:
+            entry = self._queues.get(key)
+            if entry is None:
+                return None
+            queue, ready = entry
+            turn = max(min(b[3], b[2]) / b[1] for b in buckets)
+            if queue[0] is not call and now > ready[0] + max(1.0, 4 * turn):
+                queue.popleft()  # the first in line never came back (its thread died): passed over
+                ready[0] = now
+            if not queue:
+                del self._queues[key]
+                return None
+            if queue[0] is call:
+                return None
+            if call not in queue:
+                queue.append(call)
+            ahead = queue.index(call)
+            return max(ready[0] - now, 0.0) + ahead * turn
+
+    def _join(self, call: Call, ready_at: float) -> None:
+        key = call.policy.rate_key
+        with self._lock:
+            entry = self._queues.get(key)
+            if entry is None:
+                self._queues[key] = (deque([call]), [ready_at])
+                return
+            queue, ready = entry
+            if not queue or queue[0] is call:
+                ready[0] = ready_at
+            if call not in queue:
+                queue.append(call)
+
+    def _leave(self, call: Call) -> None:
+        if not self._queues:
+            return
+        key = call.policy.rate_key
+        with self._lock:
+            entry = self._queues.get(key)
+            if entry is None:
+                return
+            queue, ready = entry
+            if queue and queue[0] is call:
+                queue.popleft()
+                ready[0] = self._now()  # the next in line asks the store at once
+            elif call in queue:
+                queue.remove(call)
+            if not queue:
+                del self._queues[key]
+
+    def after_attempt_cancelled(self, call: Call) -> None:
+        """A call cancelled while it waited gives up its place in line."""
+        self._leave(call)
 
     def after_attempt_success(self, call: Call) -> None:
         """Settle the token bucket with the usage the response reports."""

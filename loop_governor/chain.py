@@ -29,6 +29,7 @@ from tenacity import AsyncRetrying, Retrying
 
 from loop_governor.call import MODEL, AttemptPolicy, Call, PassThrough, Policy, Refused, Resumed, overrides
 from loop_governor.errors import AgentToolError, BudgetExhaustedError, FatalError, TransientError
+from loop_governor.fingerprint import result_text
 from loop_governor.outcome import failure
 from loop_governor.redaction import redact
 from loop_governor.retry import RetryLoop
@@ -403,9 +404,11 @@ class Chain:
         estimate = options.estimated_tokens(call.args) if usage is None and options is not None else None
         if estimate:
             # No usage reported (a stream without usage, a client that drops it): the
-            # budgets go on estimates, and the trace says so.
-            usage = Usage(estimate, 0, estimated=True)
-            self.rt.events.emit("usage_estimated", model=call.name, input_tokens=estimate)
+            # budgets and the token rate limit go on estimates -- the prompt's, and the
+            # answer's from its text -- and the trace says so.
+            answer = _answer_tokens(result)
+            usage = Usage(estimate, answer, estimated=True)
+            self.rt.events.emit("usage_estimated", model=call.name, input_tokens=estimate, output_tokens=answer)
         return usage
 
     def _fall_back(self, call: Call, error: AgentToolError) -> bool:
@@ -440,6 +443,16 @@ class Chain:
         for moment in plan.after_failure:
             error = moment(call, error)
         return error
+
+
+def _answer_tokens(result: Any) -> int:
+    """About 4 characters a token, of the answer's text (a string, ``.content``, a
+    ``{"content": ...}``, or the last message of a LangChain ``ModelResponse``)."""
+    inner = getattr(result, "result", None)
+    if isinstance(inner, list) and inner:
+        result = inner[-1]
+    text = result_text(result)
+    return -(-len(text) // 4) if text else 0
 
 
 def _monotonic(clock: Callable[[], float]) -> Callable[[], float]:

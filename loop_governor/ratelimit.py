@@ -18,6 +18,7 @@ unprocessed (any 4xx: context_length_exceeded, a 429), is given back at once, fl
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -68,7 +69,7 @@ def take_all(states: Sequence[State | None], buckets: Sequence[Bucket], now: flo
         need = min(cost, burst)
         if need > 0 and need - tokens > _SLACK * max(need, 1.0):  # a wait that moves no clock is none
             wait = max(wait, (need - tokens) / rate)
-    if wait > 0:
+    if wait > 64 * math.ulp(now):  # a wait below the clock's resolution moves no clock either
         return refilled, wait
     return [(min(b[2], t - b[3]), ts) for (t, ts), b in zip(refilled, buckets, strict=True)], 0.0
 
@@ -249,10 +250,11 @@ class RateLimit(AttemptPolicy):
         self._leave(call)
 
     def after_attempt_success(self, call: Call) -> None:
-        """Settle the token bucket with the usage the response reports."""
+        """Settle the token bucket with the usage the response reports (or, without one,
+        the estimate of its answer)."""
         charged, usage = call.rate_tokens, call.usage
         call.rate_tokens = None
-        if charged is None or usage is None or usage.estimated:
+        if charged is None or usage is None:
             return
         used = usage.input_tokens + usage.output_tokens
         if used > charged:

@@ -122,3 +122,20 @@ def test_rate_limit_waits_are_served_in_arrival_order(arrivals: list[float], rat
     # issue 27: a newcomer polling just after a refill took the token the first waiter
     # had waited for (12 threads x 8 calls: a fair wait of 0.6 s, a longest of 2.3 s)
     assert _simulate(arrivals, rate) == list(range(len(arrivals)))
+
+
+def test_an_answer_without_usage_is_charged_its_estimated_size() -> None:
+    # issue 27: a stream without usage charged only the prompt estimate to the token limit
+    clock = VirtualClock()
+    gov = lg.Governor(
+        lg.GovernorConfig(models={"openai": lg.ModelPolicy(tpm=6000, tpm_burst=1000)}), clock=clock, sleep=clock.sleep
+    )
+    events: list[dict[str, object]] = []
+    gov.subscribe(events.append)
+    start = clock()
+    for _ in range(4):
+        gov.call_model("openai:gpt-4o", lambda _p: "x" * 20_000, "hi", estimated_tokens=10)  # ~5000-token answers
+    assert [e["output_tokens"] for e in events if e["event"] == "usage_estimated"] == [5000] * 4
+    # the first two answers were paid for before the fourth call went (the third's is the
+    # debt it leaves): ~10k tokens at 100/s, less one burst -- not 0 s
+    assert clock() - start >= (2 * 5010 - 1000) / 100 - 1e-6

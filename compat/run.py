@@ -9,6 +9,10 @@ that assert exactly what the governor changes on purpose).
 
     python compat/run.py fetch        # download + unpack the sdists (pip download; cached)
     python compat/run.py run [SUITE]  # run; a table per suite and mode; exit 1 on a regression
+    python compat/run.py run langchain-agents -k test_jump_to_is_ephemeral   # a selection only
+
+An allow-listed test that passes again with the governor in fails the run too: the entry
+is stale, and a stale entry would hide the next regression of that test.
 
 Downloads happen in ``fetch`` only; ``run`` is offline (crewAI's cassettes are replayed
 with record mode "none" and sockets refused). Everything lives under ``build/compat``.
@@ -141,8 +145,10 @@ class Outcome:
     exit_code: int = 0
 
 
-def pytest_command(suite: Suite, mode: str, junit: Path) -> list[str]:
+def pytest_command(suite: Suite, mode: str, junit: Path, select: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", *suite.paths, "-p", "no:cacheprovider", "-q", "--tb=short"]
+    if select:
+        cmd += ["-k", select]
     cmd += ["--continue-on-collection-errors", "--timeout=300", f"--junitxml={junit}", "-o", "junit_family=xunit2"]
     if suite.ini:
         # without it pytest would settle on the nearest ini upwards: this project's
@@ -152,7 +158,7 @@ def pytest_command(suite: Suite, mode: str, junit: Path) -> list[str]:
     return cmd + list(suite.extra_args)
 
 
-def run_one(suite: Suite, mode: str) -> Outcome:
+def run_one(suite: Suite, mode: str, select: str | None = None) -> Outcome:
     root = sdist_dir(suite.dist)
     if suite.conftest:
         shutil.copyfile(HERE / suite.conftest, root / "conftest.py")
@@ -165,7 +171,7 @@ def run_one(suite: Suite, mode: str) -> Outcome:
     env.setdefault("LANGGRAPH_TEST_FAST", "true")
     started = time.monotonic()
     with open(logs / f"{suite.name}.{mode}.log", "w") as log:
-        proc = subprocess.run(pytest_command(suite, mode, junit), cwd=root, env=env, stdout=log, stderr=log)
+        proc = subprocess.run(pytest_command(suite, mode, junit, select), cwd=root, env=env, stdout=log, stderr=log)
     outcome = Outcome(suite.name, mode, seconds=time.monotonic() - started, exit_code=proc.returncode)
     if junit.exists():
         outcome.results = parse_junit(junit)
@@ -204,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", choices=["fetch", "run"])
     parser.add_argument("suites", nargs="*", help="suite names (default: all)")
     parser.add_argument("--jobs", type=int, default=2, help="pytest processes at once (default 2: one per core)")
+    parser.add_argument("-k", dest="select", default=None, help="run only the tests pytest -k EXPR selects")
     args = parser.parse_args(argv)
     suites = [s for s in SUITES if not args.suites or s.name in args.suites]
     if not suites:
@@ -219,11 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # longest first, so two processes finish together
     jobs.sort(key=lambda job: job[0].name != "crewai")
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        outcomes = {(o.suite, o.mode): o for o in pool.map(lambda job: run_one(*job), jobs)}
-    return report(suites, outcomes, time.monotonic() - started)
+        outcomes = {(o.suite, o.mode): o for o in pool.map(lambda job: run_one(*job, args.select), jobs)}
+    return report(suites, outcomes, time.monotonic() - started, selected=args.select is not None)
 
 
-def report(suites: Sequence[Suite], outcomes: dict[tuple[str, str], Outcome], seconds: float) -> int:
+def report(
+    suites: Sequence[Suite], outcomes: dict[tuple[str, str], Outcome], seconds: float, *, selected: bool = False
+) -> int:
     failed = False
     totals = {"kept": 0, "broken": 0, "allowed": 0}
     print(f"\n{'suite':<20} {'mode':<10} {'tests':>6} {'passed':>7} {'broken':>7} {'allowed':>8} {'time':>7}")
@@ -250,26 +259,45 @@ def report(suites: Sequence[Suite], outcomes: dict[tuple[str, str], Outcome], se
             for test in regressions:
                 print(f"    BROKEN  {test}")
             failed = failed or bool(regressions)
-    stale = [
-        (key, test)
-        for key, tests in ALLOWED.items()
-        for test in tests
-        if key[0] in {s.name for s in suites} and not _allowed_failure_seen(key, test, outcomes)
-    ]
+    names = {s.name for s in suites}
+    stale: list[tuple[tuple[str, str], str]] = []
+    for key, tests in ALLOWED.items():
+        for test in tests:
+            if key[0] not in names:
+                continue
+            verdict = _allowed_entry(key, test, outcomes)
+            if verdict == "passes":
+                stale.append((key, test))
+            elif verdict == "not run" and not selected:
+                print(f"    note: allow-listed but not run ({key[0]}/{key[1]}): {test}")
     for (suite_name, mode), test in stale:
-        print(f"    note: allow-listed but not failing ({suite_name}/{mode}): {test}")
+        print(f"    STALE   allow-listed but passing again ({suite_name}/{mode}): {test}")
+    failed = failed or bool(stale)
     print(f"\nmake compat: {seconds:.0f} s; logs and JUnit files in build/compat/logs")
-    if failed:
-        print("the tests marked BROKEN pass unchanged and fail with the governor in")
-    # per injected run: tests that pass unchanged and still pass / now fail / allow-listed
-    print(f"compat: {totals['kept']} passed, {totals['broken']} failed, {totals['allowed']} skipped")
+    if regressions_seen := totals["broken"]:
+        print(f"the {regressions_seen} tests marked BROKEN pass unchanged and fail with the governor in")
+    if stale:
+        print("the tests marked STALE pass with the governor in: remove them from compat/allowlist.py")
+    # per injected run: tests that pass unchanged and still pass / now fail / fail as allow-listed
+    print(
+        f"compat: {totals['kept']} passed, {totals['broken']} failed, "
+        f"{totals['allowed']} allow-listed failures, {len(stale)} stale allow-list entries"
+    )
     return 1 if failed else 0
 
 
-def _allowed_failure_seen(key: tuple[str, str], test: str, outcomes: dict[tuple[str, str], Outcome]) -> bool:
+def _allowed_entry(key: tuple[str, str], test: str, outcomes: dict[tuple[str, str], Outcome]) -> str:
+    """An allow-list entry's standing: "fails" (as allowed, in some mode it names),
+    "passes" (passes unchanged and in every mode it names: stale) or "not run"."""
     suite, mode = key
+    base = outcomes.get((suite, "unchanged"))
     modes = [m for (s, m) in outcomes if s == suite and m != "unchanged" and (mode == "*" or m == mode)]
-    return any(outcomes[(suite, m)].results.get(test) not in (None, "passed") for m in modes)
+    seen = [outcomes[(suite, m)].results.get(test) for m in modes]
+    if base is None or base.results.get(test) is None or not modes or None in seen:
+        return "not run"
+    if any(status != "passed" for status in seen):
+        return "fails"
+    return "passes" if base.results[test] == "passed" else "fails"
 
 
 if __name__ == "__main__":

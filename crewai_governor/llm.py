@@ -209,7 +209,7 @@ def _spec(llm: Any, messages: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     fallbacks = [(endpoint_of(f), _attempt(f, args, kwargs, asynchronous, reports)) for f in llm._lg_fallbacks]
     options: dict[str, Any] = {
         "usage": lambda _result: _usage_of(reports),
-        "estimated_tokens": lambda: _prompt_tokens(messages),
+        "estimated_tokens": _prompt_tokens,  # asked per attempt's messages (a compacted retry: its own)
         "compact": _compact if llm._lg_compact else None,
         "fallbacks": fallbacks,
         "describe": lambda _result: {"model": getattr(reports.llm or llm, "model", None)},
@@ -288,6 +288,11 @@ def govern_llm(
         raise ValueError("this LLM is already governed by another governor")
     if not isinstance(llm, BaseLLM):
         raise TypeError(f"govern_llm expects a crewAI BaseLLM, got {type(llm).__name__}")
+    names = [endpoint_of(llm), *(endpoint_of(f) for f in fallbacks)]
+    for i, name in enumerate(names[1:], 1):
+        if name in names[:i]:
+            # the same endpoint again: the same failing requests, under the same breaker
+            raise ValueError(f"fallbacks: {name!r} is the model's own endpoint or named twice")
     key = (id(llm), id(gov))
     entry = _copies.get(key)
     if entry is not None and entry[0]() is llm and entry[1]._lg_compact == compact:

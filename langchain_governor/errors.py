@@ -28,6 +28,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
 import loop_governor as lg
+from loop_governor.redaction import redact_obj
 
 __all__ = ["GovernedFatalError", "GovernedToolError", "fatal_stop", "model_error", "tool_error"]
 
@@ -190,7 +191,7 @@ def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
     where Python can combine the two -- ``except lg.FatalError`` and
     ``except openai.AuthenticationError`` both catch a revoked key, and a middleware or a
     caller matching the model's exceptions keeps matching. Its text is the model
-    exception's; ``.info`` holds the governor's (redacted) classification."""
+    exception's, redacted; ``.info`` holds the governor's (redacted) classification."""
     cause = error.__cause__
     governed: lg.AgentToolError = fatal_stop(error) if isinstance(error, lg.FatalError) else error
     if not isinstance(cause, Exception) or isinstance(cause, lg.AgentToolError | GraphBubbleUp):
@@ -204,7 +205,12 @@ def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
         raised: Any = cls.__new__(cls, *cause.args)
         raised.__dict__.update(getattr(cause, "__dict__", {}))  # e.g. .status_code, .response, .body
         raised.__dict__.update(governed.__dict__)  # .info, .partial_results
-        raised.args = cause.args
+        # its text and body redacted: a provider echoes the key it refused ("Incorrect API
+        # key provided: sk-proj-..."), and str() of this error reaches logs and reports
+        raised.args = tuple(redact_obj(arg) for arg in cause.args)
+        for name in ("message", "body"):
+            if name in raised.__dict__:
+                raised.__dict__[name] = redact_obj(raised.__dict__[name])
     except Exception:  # an exotic __new__ or __dict__: the governor's class still carries everything
         return governed
     raised.__cause__ = cause

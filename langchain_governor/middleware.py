@@ -204,6 +204,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         self.record_messages = record_messages
         self._copies = ModelCopies(self.governor.config.sdk_retries)
         self._fallbacks = [self._copies(m)[0] for m in fallback_models]
+        named = [self._copies(m)[1] for m in fallback_models]
+        if len(set(named)) < len(named):  # the agent's own model is checked per call (governor.call_model)
+            raise ValueError(f"fallback_models: an endpoint is named twice: {named}")
         self._tasks = LiveTasks(self.governor)
 
     # -- task scope ---------------------------------------------------------------------
@@ -311,7 +314,8 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         answered = [request.model]  # the model that made the last attempt: a fallback's, once used
         options: dict[str, Any] = {
             "usage": usage_of_response,
-            "estimated_tokens": lambda: prompt_tokens(messages, system),
+            # asked per attempt's request: a compacted retry is charged its own size
+            "estimated_tokens": lambda sent: prompt_tokens(sent.messages, sent.system_message),
             "compact": self._compact if self._pruners.enabled else None,
             "fallbacks": [(self._copies(m)[1], _sent_to(m, handler, capture, answered)) for m in self._fallbacks],
         }

@@ -22,8 +22,9 @@ override, so a policy with nothing to do costs nothing.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, args_text, result_text
@@ -49,21 +50,41 @@ class ModelOptions:
 
     usage: Callable[[Any], Usage | None] | None = None
     describe: Callable[[Any], dict[str, Any]] | None = None
-    estimate: int | Callable[[], int] | None = None  # prompt tokens; a callable is asked once, if needed
+    # prompt tokens; a callable is asked once per arguments sent, only if needed
+    estimate: int | Callable[..., int] | None = None
     compact: Callable[..., Any] | None = None
     fallbacks: Sequence[tuple[str, Callable[..., Any]]] = ()
+    _estimated: tuple[Any, int | None] | None = field(default=None, init=False, repr=False)
 
-    def estimated_tokens(self) -> int | None:
-        """The prompt's estimated tokens (computed on first use: only a token rate limit
-        or a missing usage report needs them)."""
+    def estimated_tokens(self, args: tuple[Any, ...] | None = None) -> int | None:
+        """The estimated tokens of the prompt ``args`` (computed on first use: only a token
+        rate limit or a missing usage report needs them). A callable that takes the call's
+        arguments is asked again for other arguments: a compacted retry is charged its own
+        size, not the original prompt's (issue 27)."""
         estimate = self.estimate
-        if callable(estimate):
-            try:
-                estimate = int(estimate())
-            except Exception:
-                estimate = None
-            self.estimate = estimate
-        return estimate
+        if not callable(estimate):
+            return estimate
+        cached = self._estimated
+        if cached is not None and (args is None or cached[0] is args):
+            return cached[1]
+        try:
+            value: int | None = int(estimate(*args) if args is not None and _takes_args(estimate) else estimate())
+        except Exception:
+            value = None
+        if value is not None and value < 0:
+            value = None
+        self._estimated = (args, value)
+        return value
+
+
+def _takes_args(fn: Callable[..., Any]) -> bool:
+    """Whether an estimate callable takes the call's arguments (a zero-argument one is the
+    older form: it closes over the prompt)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is not p.KEYWORD_ONLY and p.kind is not p.VAR_KEYWORD for p in params)
 
 
 class Call:
@@ -88,6 +109,8 @@ class Call:
     waited_before = 0.0  # waited_s when the call moved to its current endpoint
     breaker_waiting = False  # waiting for an open (or another's half-open) breaker: one event per wait
     usage: Usage | None = None
+    rate_tokens: float | None = None  # the prompt tokens the attempt in flight took from the token bucket
+    upcoming: tuple[Any, ...] | None = None  # the arguments the next attempt sends (a compacted prompt)
     fallback_from: str | None = None
     next_fallback = 0
     warned = False  # a guard already told the model about this call (one note per result)

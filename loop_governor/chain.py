@@ -21,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tenacity import AsyncRetrying, Retrying
 
 from loop_governor.call import MODEL, AttemptPolicy, Call, PassThrough, Policy, Refused, Resumed, overrides
-from loop_governor.errors import AgentToolError, TransientError
+from loop_governor.errors import AgentToolError, BudgetExhaustedError, FatalError, TransientError
+from loop_governor.fingerprint import result_text
 from loop_governor.outcome import failure
 from loop_governor.redaction import redact
 from loop_governor.retry import RetryLoop
@@ -220,7 +222,7 @@ class Chain:
             return call.fn(*call.args, **call.kwargs)
 
         try:
-            result = Retrying(sleep=self.rt.sleep, **loop.tenacity_kwargs())(attempt)
+            result = Retrying(sleep=lambda seconds: self._sleep(call, seconds), **loop.tenacity_kwargs())(attempt)
         except Refused as refused:
             raise self._stopped(call, refused) from None
         except _OwnError as own:
@@ -257,7 +259,9 @@ class Chain:
             return await _awaited(call.fn(*call.args, **call.kwargs))
 
         try:
-            result = await AsyncRetrying(sleep=self.rt.asleep, **loop.tenacity_kwargs())(attempt)
+            result = await AsyncRetrying(sleep=lambda seconds: self._asleep(call, seconds), **loop.tenacity_kwargs())(
+                attempt
+            )
         except Refused as refused:
             raise self._stopped(call, refused) from None
         except _OwnError as own:
@@ -275,17 +279,34 @@ class Chain:
     def _wait(self, call: Call, moment: Callable[[Call], float], wait: float) -> None:
         """Sleep while an attempt policy (a rate limit) asks to, then ask it again."""
         while wait > 0:
-            call.waited_s += wait
-            self.rt.sleep(wait)
+            self._sleep(call, wait)
             wait = moment(call)
 
     async def _aadmit(self, plan: Plan, call: Call) -> None:
         for moment in plan.before_retry if call.attempt else plan.before_first:
             wait = moment(call)
             while wait > 0:
-                call.waited_s += wait
-                await self.rt.asleep(wait)
+                await self._asleep(call, wait)
                 wait = moment(call)
+
+    def _sleep(self, call: Call, seconds: float) -> None:
+        """Sleep, and count what the wait took against the call's wait limit: the time it
+        really took (a monotonic clock: sleeps overshoot, a busy host more so), at least
+        what was asked (an injected sleep that does not sleep still counts)."""
+        clock = _monotonic(self.rt.clock)
+        started = clock()
+        try:
+            self.rt.sleep(seconds)
+        finally:
+            call.waited_s += max(seconds, clock() - started)
+
+    async def _asleep(self, call: Call, seconds: float) -> None:
+        clock = _monotonic(self.rt.clock)
+        started = clock()
+        try:
+            await self.rt.asleep(seconds)
+        finally:
+            call.waited_s += max(seconds, clock() - started)
 
     # -- shared steps ------------------------------------------------------------------
 
@@ -349,17 +370,21 @@ class Chain:
 
     def _ready(self, call: Call, compacted: Any) -> None:
         """A compaction retry with nothing to send is refused before the attempt policies
-        admit it (an open breaker's probe, once taken, would be kept by a retry never sent)."""
-        if call.pending is not None and compacted is None:
-            self._compact(call, None)
+        admit it (an open breaker's probe, once taken, would be kept by a retry never sent);
+        one with a prompt to send is admitted on that prompt's size (the rate limit)."""
+        if call.pending is not None:
+            if compacted is None:
+                self._compact(call, None)
+            call.upcoming = _as_args(compacted)
 
     def _compact(self, call: Call, compacted: Any) -> None:
         """Run the retry after ``context_length_exceeded`` on the compacted arguments."""
         call.pending = None
         call.compacted = True
+        call.upcoming = None
         if compacted is None:
             raise Refused("compaction")  # nothing left to cut: the context error stands
-        call.args = compacted if isinstance(compacted, tuple) else (compacted,)
+        call.args = _as_args(compacted)
         self.rt.events.emit("compaction", model=call.name)
 
     def _attempt_ok(self, plan: Plan, call: Call, result: Any) -> Any:
@@ -376,19 +401,27 @@ class Chain:
             usage = read(result)
         except Exception:
             usage = None
-        estimate = options.estimated_tokens() if usage is None and options is not None else None
+        estimate = options.estimated_tokens(call.args) if usage is None and options is not None else None
         if estimate:
             # No usage reported (a stream without usage, a client that drops it): the
-            # budgets go on estimates, and the trace says so.
-            usage = Usage(estimate, 0, estimated=True)
-            self.rt.events.emit("usage_estimated", model=call.name, input_tokens=estimate)
+            # budgets and the token rate limit go on estimates -- the prompt's, and the
+            # answer's from its text -- and the trace says so.
+            answer = _answer_tokens(result)
+            usage = Usage(estimate, answer, estimated=True)
+            self.rt.events.emit("usage_estimated", model=call.name, input_tokens=estimate, output_tokens=answer)
         return usage
 
     def _fall_back(self, call: Call, error: AgentToolError) -> bool:
         """Move a model call to its next fallback while the model is down (breaker open,
-        transient retries spent, rate limited); permanent and fatal outcomes stand."""
+        transient retries spent, rate limited) or its endpoint's credentials or account
+        are refused (a fatal outcome of this endpoint: a revoked key, an exhausted quota --
+        another endpoint has its own); permanent outcomes, and the task's own stops, stand."""
         options = call.model
-        if options is None or not options.fallbacks or not isinstance(error, TransientError):
+        if options is None or not options.fallbacks:
+            return False
+        if not isinstance(error, TransientError) and (
+            not isinstance(error, FatalError) or isinstance(error, BudgetExhaustedError)
+        ):
             return False
         index = call.next_fallback
         if index >= len(options.fallbacks):
@@ -410,6 +443,26 @@ class Chain:
         for moment in plan.after_failure:
             error = moment(call, error)
         return error
+
+
+def _answer_tokens(result: Any) -> int:
+    """About 4 characters a token, of the answer's text (a string, ``.content``, a
+    ``{"content": ...}``, or the last message of a LangChain ``ModelResponse``)."""
+    inner = getattr(result, "result", None)
+    if isinstance(inner, list) and inner:
+        result = inner[-1]
+    text = result_text(result)
+    return -(-len(text) // 4) if text else 0
+
+
+def _monotonic(clock: Callable[[], float]) -> Callable[[], float]:
+    """The clock local waits are measured on: an injected one as it is (virtual time),
+    else the monotonic clock (the wall clock steps)."""
+    return time.monotonic if clock is time.time else clock
+
+
+def _as_args(compacted: Any) -> tuple[Any, ...]:
+    return compacted if isinstance(compacted, tuple) else (compacted,)
 
 
 async def _awaited(value: Any) -> Any:

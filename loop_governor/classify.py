@@ -117,18 +117,17 @@ class Rule:
 
 # --- tables ----------------------------------------------------------------------------
 
-# Billing, quota and credential signals: fatal whatever status they arrive with.
+# Billing, plan and credential signals: fatal whatever status they arrive with.
 _FATAL_TEXT = re.compile(
-    r"insufficient[_ ]quota|billing[_ ]hard[_ ]limit|billing_not_active|exceeded your current quota"
-    r"|check your plan and billing|credit balance (?:is )?too low|insufficient[_ ](?:credits?|funds|balance)"
+    r"insufficient[_ ]quota|billing[_ ]hard[_ ]limit|billing_not_active"
+    r"|credit balance (?:is )?too low|insufficient[_ ](?:credits?|funds|balance)"
     r"|out of credits|payment required|account[_ ](?:is |has been )?(?:suspended|deactivated|disabled)"
     r"|account_deactivated|access_terminated|organization (?:has been |is )?(?:suspended|disabled|deactivated)"
     r"|invalid[_ ]api[_ ]key|incorrect api key|api[_ ]key (?:is )?(?:invalid|expired|revoked|not valid|missing)"
     r"|invalid x-api-key|invalid_authentication|expired[_ ]?token|token (?:has )?expired"
     r"|security token included in the request is (?:invalid|expired)|invalidclienttokenid"
     r"|unrecognizedclientexception|signaturedoesnotmatch|password authentication failed"
-    r"|\bwrongpass\b|\bnoauth\b|authentication required|no api key provided|quota (?:exceeded|exhausted)"
-    r"(?!.{0,80}\bper\s+(?:second|minute|hour))|exceeded (?:the |your )?quota(?!.{0,80}\bper\s+(?:second|minute|hour))"
+    r"|\bwrongpass\b|\bnoauth\b|authentication required|no api key provided"
     # Anthropic's spend and usage limits (a 429 rate_limit_error or a 400): no wait lifts them
     r"|spend(?:ing)? limit|(?:specified|monthly) (?:api )?usage limits?|regain access on"
     r"|(?:extra usage|usage credits) (?:is|are) required",
@@ -151,6 +150,38 @@ _NOT_RENEWABLE = re.compile(
     r"|invalid credentials|secret",
     re.I,
 )
+
+# "You exceeded your current quota": fatal when it is the plan's (exhausted until someone
+# pays: OpenAI's insufficient_quota, caught above by its code and text), a throttle when
+# the quota refills -- per minute or per day (Gemini's free tier, Vertex's
+# ``..._requests_per_minute_...`` quota ids), a retry delay the provider names ("Please
+# retry in 20.04s", Retry-After, RetryInfo), or a rate-limit code next to it.
+_QUOTA_TEXT = re.compile(
+    r"exceeded your current quota|check your plan and billing|quota (?:exceeded|exhausted)"
+    r"|exceeded (?:the |your )?quota",
+    re.I,
+)
+_QUOTA_REFILLS = re.compile(
+    r"per[\s_-]?(?:second|minute|hour|day)|\b(?:rpm|tpm|rpd|tpd)\b|(?:try again|retry) (?:in|after)"
+    r"|retry_?delay|\bretryinfo\b|free[_ -]?tier",
+    re.I,
+)
+_QUOTA_THROTTLE_CODES = frozenset(
+    "rate_limit_exceeded ratelimitexceeded ratelimited rate_limited throttling throttlingexception "
+    "throttled too_many_requests requestlimitexceeded".split()
+)
+
+
+def _quota_kind(exc: BaseException, text: str, codes: Sequence[str]) -> ErrorType | None:
+    """A quota text's verdict (see _QUOTA_TEXT): fatal when no wait lifts it, transient
+    (a throttle, whatever the status: Google sends per-minute quotas as 403s too) when it
+    refills; None without one."""
+    if not _QUOTA_TEXT.search(text):
+        return None
+    if _QUOTA_REFILLS.search(text) or any(code.lower() in _QUOTA_THROTTLE_CODES for code in codes):
+        return _T
+    return _F if _raw_retry_after(exc, text) is None else _T
+
 
 # Provider / service error codes (lower-cased), as found in ``.code``, ``.type``, bodies,
 # botocore ``Error.Code``, gRPC status names and redis reply prefixes.
@@ -670,6 +701,9 @@ def _link_evidence(exc: BaseException, rules: Sequence[Rule]) -> tuple[_Evidence
             return _Evidence(_F, _S_PROVIDER, "code", status, code), status, text
     if _FATAL_TEXT.search(text):
         return _Evidence(_F, _S_PROVIDER, "text", status, codes[0] if codes else None), status, text
+    quota = _quota_kind(exc, text, codes)
+    if quota is not None:
+        return _Evidence(quota, _S_PROVIDER, "quota", status, codes[0] if codes else None), status, text
 
     for code in codes:
         low = code.lower()
@@ -868,7 +902,9 @@ def _classify(exc: BaseException, tool: str | None, rules: Sequence[Rule], unkno
     message = redact(raw or best_text or exc_type)
     transient = kind is ErrorType.TRANSIENT
     low_code = (code or "").lower()
-    throttled = transient and (status_out == 429 or low_code in _THROTTLE_CODES or _throttle_type(best_exc))
+    throttled = transient and (
+        status_out == 429 or low_code in _THROTTLE_CODES or source == "quota" or _throttle_type(best_exc)
+    )
     overloaded = (
         transient
         and not throttled

@@ -39,6 +39,7 @@ from loop_governor.ladder import Withdrawn
 from loop_governor.outcome import circuit_open
 from loop_governor.progress import NoProgress
 from loop_governor.ratelimit import RateLimit
+from loop_governor.redaction import mask_url
 from loop_governor.repeats import RepeatedErrors
 from loop_governor.report import Report
 from loop_governor.runtime import Runtime
@@ -183,8 +184,11 @@ class Governor:
         shorter arguments for one retry after ``context_length_exceeded``.
         ``fallbacks``: ``(endpoint, fn)`` pairs tried in order while this model's breaker
         is open or its transient retries are spent. Raises ``FatalError`` (with the
-        task's partial results) for credentials, billing and quota.
+        task's partial results) for credentials, billing and quota once no fallback is
+        left. A fallback naming ``model`` itself (or another fallback) is refused
+        (``ValueError``): it would send the failing endpoint the same requests again.
         """
+        model, fallbacks = _endpoints(model, fallbacks)
         options = ModelOptions(usage, describe, estimated_tokens, compact, fallbacks)
         call = Call(MODEL, model, self.rt.policy(MODEL, model), _SCOPE.get(), fn, args, {}, options)
         return self._chain.run(call)  # type: ignore[no-any-return]
@@ -202,6 +206,7 @@ class Governor:
         fallbacks: Sequence[tuple[str, Callable[..., Any]]] = (),
     ) -> T:
         """Async twin of :meth:`call_model` (``compact`` may be async)."""
+        model, fallbacks = _endpoints(model, fallbacks)
         options = ModelOptions(usage, describe, estimated_tokens, compact, fallbacks)
         call = Call(MODEL, model, self.rt.policy(MODEL, model), _SCOPE.get(), fn, args, {}, options)
         return await self._chain.arun(call)  # type: ignore[no-any-return]
@@ -367,6 +372,33 @@ class Governor:
     @property
     def rules(self) -> tuple[Rule, ...]:
         return self.rt.rules
+
+
+Fallbacks = Sequence[tuple[str, Callable[..., Any]]]
+
+
+def _endpoint_name(endpoint: str) -> str:
+    """The name a model endpoint is known by everywhere (breaker and rate-limit keys, the
+    ``tool`` field of events, traces, reports, spans, ``loop-governor breakers``): a base
+    URL's password masked (``https://user:pw@host`` -> ``https://user:[REDACTED]@host``)."""
+    return mask_url(endpoint) if "://" in endpoint else endpoint
+
+
+def _endpoints(model: str, fallbacks: Fallbacks) -> tuple[str, Fallbacks]:
+    """The model's and its fallbacks' endpoint names; a fallback naming the model itself
+    or an earlier fallback is refused: it would send the failing endpoint the same
+    requests again, under the same breaker."""
+    model = _endpoint_name(model)
+    if not fallbacks:
+        return model, fallbacks
+    named = [(_endpoint_name(endpoint), fn) for endpoint, fn in fallbacks]
+    seen = {model}
+    for endpoint, _ in named:
+        if endpoint in seen:
+            which = "the model's own endpoint" if endpoint == model else "named twice"
+            raise ValueError(f"fallbacks: {endpoint!r} is {which}; a fallback must be another endpoint")
+        seen.add(endpoint)
+    return model, named
 
 
 _default: Governor | None = None

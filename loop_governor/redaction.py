@@ -35,7 +35,7 @@ _SECRET_NAMES = (
 )
 # As a dict key these count too when they end the key ("Authorization", "ssh_private_key",
 # "PGPASSWORD", "basic_auth", "Set-Cookie"), though as a word anywhere in free text they
-# would mask ordinary prose. Not "token" or "pwd": tool results carry pagination cursors
+# would mask ordinary prose. Not "..._token" or "pwd": tool results carry pagination cursors
 # ("next_token", "page_token") and working directories ("pwd"), and masking them would
 # change what a resumed call returns; real token formats (ghp_, sk-, JWTs...) are caught by
 # the value patterns anyway.
@@ -45,7 +45,9 @@ _KEY_ONLY_NAMES = (
 )
 # A name counts anywhere in a key between separators ("db_password", "OPENAI_API_KEY",
 # "x-api-key"); camelCase is split into words first ("userPassword" -> "user_Password").
-_SECRET_KEY = re.compile(rf"(?i)(?:^|[^a-z0-9])(?:(?:{_SECRET_NAMES})(?:$|[^a-z0-9])|(?:{_KEY_ONLY_NAMES}))")
+# "token" alone is a credential far more often than a cursor (``login(user, password,
+# token)``); the cursors name themselves: "next_token", "page_token", "cursor".
+_SECRET_KEY = re.compile(rf"(?i)^token$|(?:^|[^a-z0-9])(?:(?:{_SECRET_NAMES})(?:$|[^a-z0-9])|(?:{_KEY_ONLY_NAMES}))")
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 # Environment-style names in free text: "GITHUB_TOKEN=", "MYSQL_PWD=", "REDISCLI_AUTH=".
 # Upper case only: "next_token=" in a tool result is a pagination cursor; "PWD=" alone is

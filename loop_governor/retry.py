@@ -137,8 +137,7 @@ class RetryLoop:
 
     def _before_sleep(self, state: RetryCallState) -> None:
         call, info = self.call, self.call.info
-        delay = state.upcoming_sleep
-        call.waited_s += delay
+        delay = state.upcoming_sleep  # counted against the wait limit as it is slept (Chain._sleep)
         self.rt.events.emit(
             "retry",
             tool=call.name,

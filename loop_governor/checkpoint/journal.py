@@ -283,6 +283,9 @@ def _apply(doc: dict[str, Any], rec: dict[str, Any], version: int, where: str) -
     step = rec.get("step")
     if rec.get("v") != version or not isinstance(step, int) or isinstance(step, bool):
         raise bad("version or step field is wrong")
+    problem = _out_of_range(step, rec.get("t"))
+    if problem:
+        raise bad(problem)
     doc["step"] = step
     doc["updated_at"] = rec.get("t")
     for name, section in (("c", "completed"), ("b", "known_bad")):
@@ -320,7 +323,29 @@ def _apply(doc: dict[str, Any], rec: dict[str, Any], version: int, where: str) -
         doc["metadata"] = metadata
 
 
+# Ranges a record must keep: JSON parses 1e999 as infinity and has no integer bound, and a
+# checkpoint holding either would load as valid and break every comparison and write after.
+_MAX_STEP = 2**63 - 1  # what every store (SQLite INTEGER, Redis) can hold
+_MAX_TIME = 1e11  # seconds since 1970: the year 5138
+
+
+def _out_of_range(step: Any, updated_at: Any) -> str | None:
+    """Why a step count or timestamp is out of range (None when both are fine)."""
+    if isinstance(step, int) and not isinstance(step, bool) and not 0 <= step <= _MAX_STEP:
+        return "step is out of range"
+    if updated_at is None:
+        return None
+    if isinstance(updated_at, bool) or not isinstance(updated_at, int | float):
+        return "timestamp is not a number"
+    if not 0.0 <= updated_at <= _MAX_TIME:  # NaN and infinities fail this too
+        return "timestamp is out of range"
+    return None
+
+
 def _validate(task_id: str, doc: dict[str, Any], part: str) -> TaskCheckpoint:
+    problem = _out_of_range(doc.get("step"), doc.get("updated_at"))
+    if problem:
+        raise CorruptData(f"stored data is out of range: {problem}", part=part)
     try:
         cp = TaskCheckpoint.model_validate(doc)
     except ValidationError as exc:

@@ -145,11 +145,59 @@ OPENAI_RATE = _oa(
     {"retry-after": "2", "x-ratelimit-remaining-tokens": "0"},
 )
 
+# Gemini's free tier (issue 27): "exceeded your current quota ... check your plan and
+# billing" on a quota that refills per minute, with QuotaFailure and RetryInfo details.
+GEMINI_FREE_TIER_MESSAGE = (
+    "You exceeded your current quota, please check your plan and billing details. For more information on "
+    "this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.\n* Quota exceeded for metric: "
+    "generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: 15, model: gemini-2.0-flash"
+    "\nPlease retry in 20.04s."
+)
+
+
+def _g_quota(message: str, quota_id: str, retry_delay: str | None) -> Scripted:
+    details: list[dict[str, Any]] = [
+        {
+            "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            "violations": [
+                {
+                    "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                    "quotaId": quota_id,
+                    "quotaDimensions": {"location": "global", "model": "gemini-2.0-flash"},
+                    "quotaValue": "15",
+                }
+            ],
+        }
+    ]
+    if retry_delay is not None:
+        details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": retry_delay})
+    return Scripted(
+        429, {"error": {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED", "details": details}}
+    )
+
+
+GEMINI_FREE_TIER = _g_quota(GEMINI_FREE_TIER_MESSAGE, "GenerateRequestsPerMinutePerProjectPerModel-FreeTier", "20s")
+VERTEX_RPM = _g_quota(
+    "Quota exceeded for aiplatform.googleapis.com/generate_content_requests_per_minute_per_project_per_base_model "
+    "with base model: gemini-1.5-pro. Please submit a quota increase request. "
+    "https://cloud.google.com/vertex-ai/docs/generative-ai/quotas-genai.",
+    "GenerateContentRequestsPerMinutePerProjectPerBaseModel",
+    None,
+)
+OPENAI_RATE_QUOTA = _oa(
+    429,
+    "You exceeded your current quota of requests for this model, please slow down.",
+    "requests",
+    "rate_limit_exceeded",
+)
+
 # (status, headers, body) per scenario; bodies follow the providers' documented error shapes.
 ROUTES: dict[str, Scripted] = {
     # ---- OpenAI
     "oa_quota": OPENAI_QUOTA,
     "oa_rate": OPENAI_RATE,
+    "oa_rate_quota": OPENAI_RATE_QUOTA,
+    "oa_gemini_free_tier": GEMINI_FREE_TIER,
     "oa_billing_limit": _oa(
         400, "Billing hard limit has been reached", "invalid_request_error", "billing_hard_limit_reached"
     ),
@@ -285,6 +333,8 @@ ROUTES: dict[str, Scripted] = {
     "ok": Scripted(200, {"ok": True}),
     # ---- Google REST (google.api_core.exceptions.from_http_response)
     "g_429": _g(429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota).", "RATE_LIMIT_EXCEEDED"),
+    "g_429_free_tier": GEMINI_FREE_TIER,
+    "g_429_vertex_rpm": VERTEX_RPM,
     "g_503": _g(503, "UNAVAILABLE", "The model is overloaded. Please try again later."),
     "g_500": _g(
         500,
@@ -534,6 +584,13 @@ class Builder:
         table = [
             ("oa_quota", FATAL, "429 insufficient_quota (quota exhausted, billing)", openai.RateLimitError),
             ("oa_rate", TRANSIENT, "429 rate_limit_exceeded TPM with retry-after: 2", openai.RateLimitError),
+            ("oa_rate_quota", TRANSIENT, "429 rate_limit_exceeded whose text says quota", openai.RateLimitError),
+            (
+                "oa_gemini_free_tier",
+                TRANSIENT,
+                "429 Gemini free-tier per-minute quota (OpenAI-compatible endpoint)",
+                openai.RateLimitError,
+            ),
             ("oa_billing_limit", FATAL, "400 billing_hard_limit_reached", openai.BadRequestError),
             ("oa_bad_key", FATAL, "401 invalid_api_key", openai.AuthenticationError),
             ("oa_no_org", FATAL, "401 no_organization", openai.AuthenticationError),
@@ -574,7 +631,7 @@ class Builder:
                 chat(scenario),
                 expect,
                 key=scenario,
-                retry_after=2.0 if scenario == "oa_rate" else None,
+                retry_after={"oa_rate": 2.0, "oa_gemini_free_tier": 20.04}.get(scenario),
             )
         self.case(
             "openai",
@@ -1444,6 +1501,8 @@ class Builder:
 
         table = [
             ("g_429", TRANSIENT, "429 RESOURCE_EXHAUSTED rate limit"),
+            ("g_429_free_tier", TRANSIENT, "429 RESOURCE_EXHAUSTED Gemini free-tier per-minute quota, retry in 20s"),
+            ("g_429_vertex_rpm", TRANSIENT, "429 RESOURCE_EXHAUSTED Vertex requests_per_minute quota"),
             ("g_503", TRANSIENT, "503 UNAVAILABLE model overloaded"),
             ("g_500", TRANSIENT, "500 INTERNAL"),
             ("g_504", TRANSIENT, "504 DEADLINE_EXCEEDED"),

@@ -159,6 +159,8 @@ def test_env_tool_policies_survive_lower_casing(monkeypatch: pytest.MonkeyPatch)
         "Authorization",
         "client_secret",
         "access_token",
+        "token",  # issue 27: login(user, password, token)
+        "Token",
     ],
 )
 def test_secret_named_keys(name: str) -> None:
@@ -168,7 +170,11 @@ def test_secret_named_keys(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["tool", "status", "key", "max_tokens", "token_count", "cwd", "role", "kind", "next_token", "pwd"]
+    "name",
+    [
+        *("tool", "status", "key", "max_tokens", "token_count", "cwd", "role", "kind", "next_token", "pwd"),
+        *("page_token", "cursor", "tokens"),  # cursors and counts, not credentials
+    ],
 )
 def test_ordinary_keys_are_not_secret(name: str) -> None:
     from loop_governor.redaction import is_secret_key

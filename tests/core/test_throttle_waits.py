@@ -379,3 +379,29 @@ def test_a_throttled_probe_closes_the_breaker(clock: VirtualClock) -> None:
     with pytest.raises(lg.AgentToolError), gov.task("t"):
         gov.call_model(ENDPOINT, _fails(429), "hi")
     assert store.breaker_get(KEY).state is BreakerState.CLOSED
+
+
+class OvershootingClock(VirtualClock):
+    """Sleeps take half as long again as asked (a busy host, a coarse timer)."""
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds * 1.5)
+
+
+@given(st.floats(2.0, 10.0), st.sampled_from(["sync", "async"]))
+def test_the_wait_limit_counts_the_time_waits_really_took(limit: float, mode: str) -> None:
+    # issue 27: max_wait counted planned sleeps, so a call refused "after 3 s" had waited 4.
+    clock = OvershootingClock()
+    gov = lg.Governor(lg.GovernorConfig(model_max_wait_s=limit), clock=clock, sleep=clock.sleep, asleep=clock.asleep)
+    endpoint = Throttled({"retry-after": "0.2"})
+    with pytest.raises(lg.TransientError):
+        if mode == "sync":
+            gov.call_model(ENDPOINT, endpoint, "hi")
+        else:
+            asyncio.run(gov.acall_model(ENDPOINT, endpoint, "hi"))
+    # every wait was begun only if it fitted in what the earlier waits had really left
+    waited = 0.0
+    for took in clock.sleeps:
+        assert waited + took / 1.5 <= limit + 1e-9, (clock.sleeps, limit)
+        waited += took
+    assert clock.sleeps  # it did wait (not a vacuous pass)

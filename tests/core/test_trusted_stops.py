@@ -225,3 +225,31 @@ def test_each_fix_lets_the_retry_run_and_a_success_ends_the_count(clock: Virtual
             gov.call("honk", lambda: "honked")
         assert "2 more calls failing the same way withdraw start_engine" in (again.value.info.advice or "")
         assert scope.withdrawn == {}
+
+
+def test_a_call_retried_after_the_model_fixed_its_cause_runs_again(gov: lg.Governor) -> None:
+    files: dict[str, str] = {}
+
+    def read_file(path: str) -> str:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return files[path]
+
+    def write_file(path: str, text: str) -> str:
+        files[path] = text
+        return f"wrote {len(text)} bytes"
+
+    with gov.task("fix-then-retry"):
+        with pytest.raises(lg.PermanentError):
+            gov.call("read_file", read_file, "config.yaml")
+        gov.call("write_file", write_file, "config.yaml", "debug: true\n")  # the model fixed it
+        assert gov.call("read_file", read_file, "config.yaml") == "debug: true\n"
+
+
+def test_a_batch_of_lookups_with_the_same_answer_is_not_a_loop(gov: lg.Governor) -> None:
+    def order_status(order_id: str) -> str:
+        return "Status: delivered (signed for at the front desk)"
+
+    with gov.task("batch"):
+        for order_id in ("A-17", "B-22", "C-9", "D-41", "E-3", "F-8"):
+            gov.call("order_status", order_status, order_id)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,12 +35,10 @@ from lg_openai_server import (
     Fault,
     OpenAIServer,
     RecordedRequest,
-    RemoteConnectionError,
     Reply,
     Slow,
     ToolCall,
     context_length_exceeded,
-    deny_remote_connections,
     estimate_tokens,
     insufficient_quota,
     invalid_api_key,
@@ -410,26 +407,6 @@ def test_a_broken_script_fails_the_call_once_and_is_kept(openai_server: OpenAISe
             sdk_client(openai_server).chat.completions.create(model=MODEL, messages=USER, stream=stream)
     assert [type(e) for e in openai_server.errors] == [KeyError, TypeError, TypeError]
     assert [r.outcome for r in openai_server.completions] == ["harness_error"] * 3
-
-
-def test_remote_connections_are_refused_and_recorded(openai_server: OpenAIServer) -> None:
-    with deny_remote_connections() as attempts:
-        with pytest.raises(httpx.ConnectError) as caught:
-            httpx.get("http://192.0.2.1:9/", timeout=0.5)  # TEST-NET-1: never routed
-        assert "only 127.0.0.1 is allowed" in str(caught.value)
-        with pytest.raises(RemoteConnectionError):
-            socket.create_connection(("10.1.2.3", 80), timeout=0.5)
-        with socket.create_connection(("127.0.0.1", openai_server.port), timeout=1):
-            pass  # loopback is fine
-        real_api = {"base_url": "https://api.openai.com/v1", "api_key": KEY, "max_retries": 0}
-        with pytest.raises(openai.APIConnectionError):
-            openai.OpenAI(**real_api).chat.completions.create(model=MODEL, messages=USER)
-        with pytest.raises(openai.APIConnectionError):
-            asyncio.run(openai.AsyncOpenAI(**real_api).chat.completions.create(model=MODEL, messages=USER))
-    assert attempts[0].startswith("getaddrinfo ('192.0.2.1'")
-    assert attempts[1].startswith("getaddrinfo ('10.1.2.3'")
-    assert [a.split(",")[0] for a in attempts[2:]] == ["getaddrinfo ('api.openai.com'"] * 2  # sync and async
-    assert len(attempts) == 4
 
 
 # ====================================================================== openai SDK: retries, errors, classify

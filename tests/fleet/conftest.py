@@ -225,8 +225,10 @@ class Cluster:
 
     def __init__(self, workdir: Path, binary: str) -> None:
         self.nodes: list[RedisServer] = []
+        self.bus_ports: list[int] = []
         for i in range(3):
             bus = _free_port()
+            self.bus_ports.append(bus)
             args = ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{i}.conf"]
             args += ["--cluster-node-timeout", "2000", "--cluster-port", str(bus)]
             self.nodes.append(RedisServer(workdir / f"node{i}", binary, args))
@@ -242,8 +244,8 @@ class Cluster:
         step = 16384 // 3
         for i, c in enumerate(clients):
             c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * step, 16383 if i == 2 else (i + 1) * step - 1)
-        for n in self.nodes[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
+        for n, bus in zip(self.nodes[1:], self.bus_ports[1:], strict=True):
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", n.port, bus)
 
         def ready() -> bool:
             for c in clients:
@@ -287,7 +289,7 @@ class SentinelSetup:
         return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{self.SERVICE}"
 
     def start(self) -> None:
-        self.primary.start()
+        self.primary.start("--repl-diskless-sync-delay", "0")  # (default: wait 5 s for more replicas)
         self.replica.start("--replicaof", "127.0.0.1", str(self.primary.port))
         replica = self.replica.client()
         wait_until(lambda: replica.info("replication")["master_link_status"] == "up", "the replica to sync")
@@ -299,6 +301,11 @@ class SentinelSetup:
         )
         self.sentinel.args = [str(conf), "--sentinel"]
         self.sentinel.start()
+        wait_until(lambda: self.master_port() == self.primary.port, "Sentinel to name the primary")
+
+    def wait_replica_known(self) -> None:
+        """Sentinel learns of replicas from the primary's INFO (a few seconds): a failover
+        test waits for it, the others need not."""
         sentinel = self.sentinel.client()
         wait_until(
             lambda: sentinel.execute_command("SENTINEL", "REPLICAS", self.SERVICE), "Sentinel to see the replica"
@@ -322,3 +329,12 @@ def redis_sentinel(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[S
         yield setup
     finally:
         setup.stop()
+
+
+@pytest.fixture
+def redis_with_password(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server that wants the password ``s3cret-pw``."""
+    server = RedisServer(tmp_path, need_binary("redis"))
+    server.start("--requirepass", "s3cret-pw")
+    yield server
+    server.kill()

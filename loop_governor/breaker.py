@@ -4,10 +4,17 @@ The state lives in a store (memory, SQLite, Redis); the rules live here, once, s
 backend makes the same decisions: the memory store applies them under a lock, SQLite in
 an immediate transaction, Redis in a Lua script that mirrors them.
 
-closed --(threshold consecutive failures)--> open --(cooldown elapsed, first caller)-->
+closed --(threshold consecutive failures, in completion order)--> open --(cooldown elapsed, first caller)-->
 half_open (exactly one probe in flight) --success--> closed / --failure--> open.
 A probe that never reports back (its process died) expires after one cooldown, so a
 breaker can't stay half-open forever.
+
+"Consecutive" is counted in the order calls *complete*: every success resets the count,
+whenever it was admitted (a call admitted while the count was zero that succeeds after
+another call's failure resets it too), so overlapping calls count as they would one after
+another. A clock that steps back (a wall clock, or a Redis failover to a host whose clock
+lags) never freezes a breaker: a timestamp found in the future is moved to ``now``, so
+the breaker waits at most one cooldown from the step.
 """
 
 from __future__ import annotations
@@ -75,6 +82,10 @@ def admit(rec: BreakerRecord, now: float, policy: BreakerPolicy) -> tuple[Admiss
     """Decide admission; returns the admission, the new record and any state change."""
     if rec.state is BreakerState.CLOSED:
         return (ADMIT_DIRTY if rec.failures else ADMIT), rec, None
+    if rec.state is BreakerState.OPEN and now < rec.opened_at:
+        rec = replace(rec, opened_at=now)  # the clock stepped back: elapsed time is never negative
+    elif rec.state is BreakerState.HALF_OPEN and now < rec.probe_at:
+        rec = replace(rec, probe_at=now)
     if rec.state is BreakerState.OPEN:
         ready_at = rec.opened_at + policy.cooldown_s
         if now >= ready_at:
@@ -208,8 +219,11 @@ class Breaker(AttemptPolicy):
             call.veto = "breaker"  # our failure (or another caller's) opened it: don't sleep for nothing
 
     def after_attempt_success(self, call: Call) -> None:
+        # Recorded even when admitted clean: another call's failure may have completed
+        # while this one ran, and a success completing after it resets the count (the
+        # stores skip the write when there is nothing to reset).
         admission = call.admission
-        if admission is not None and admission.dirty:
+        if admission is not None:
             self.record(call, True, admission.probe)
             if admission.probe:
                 call.admission = ADMIT  # answered: nothing left to hand back
@@ -228,7 +242,7 @@ class Breaker(AttemptPolicy):
         rt, key, policy = self.rt, call.breaker_key, call.policy.breaker
         if rt.store.breaker_get(key).state is not BreakerState.HALF_OPEN:
             return  # nothing to hand back (an operator forced it, or the probe went stale)
-        rt.store.breaker_record(key, False, True, rt.clock() - policy.cooldown_s, policy)
+        rt.store.breaker_record(key, False, True, rt.clock(), policy, backdate_s=policy.cooldown_s)
         rt.events.emit("breaker_probe_abandoned", tool=key)
 
     def record(self, call: Call, ok: bool, probe: bool) -> None:

@@ -260,9 +260,19 @@ class GovernorConfig(BaseSettings):
     @field_validator("store_url")
     @classmethod
     def _check_store_url(cls, value: str) -> str:
-        if not value.lower().startswith(("memory://", "sqlite:///", "redis://", "rediss://", "unix://")):
-            raise ValueError("store_url must start with memory://, sqlite:///, redis:// or rediss://")
-        return value
+        lowered = value.lower()
+        if lowered.startswith(("memory://", "sqlite:///", "redis://", "rediss://", "unix://")):
+            return value
+        if lowered.startswith(("redis+cluster://", "rediss+cluster://", "redis+sentinel://", "rediss+sentinel://")):
+            from loop_governor.redaction import mask_url
+            from loop_governor.stores.redis_url import parse_redis_url
+
+            parse_redis_url(value, mask_url(value))  # host:port list, service name: malformed fails here
+            return value
+        raise ValueError(
+            "store_url must start with memory://, sqlite:///, redis://, rediss://, "
+            "redis+cluster:// or redis+sentinel://"
+        )
 
     @model_validator(mode="after")
     def _check_delays(self) -> GovernorConfig:

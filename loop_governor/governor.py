@@ -137,11 +137,16 @@ class Governor:
             if admission is ADMIT:
                 first: Exception | PassThrough
                 try:
-                    return fn(*args, **kwargs)
+                    value = fn(*args, **kwargs)
                 except Exception as exc:
                     first = exc
                 except PassThrough as passed:
                     first = passed
+                else:
+                    # A success resets failures other calls completed meanwhile (breaker.py);
+                    # ok-records never read their time, and a store skips the no-op write.
+                    rt.store.breaker_record(tool, True, False, 0.0, policy.breaker)
+                    return value
                 if isinstance(first, PassThrough):
                     raise first.exc  # not the call's failure: as it came (outside the except block)
                 call = Call(TOOL, tool, policy, None, fn, args, kwargs)

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from loop_governor.stores.base import BreakerStatus, Store
+from loop_governor.stores.base import BreakerStatus, Store, StoreConfigError
 from loop_governor.stores.memory import MemoryStore
 from loop_governor.stores.sqlite import SQLiteStore
 
-__all__ = ["BreakerStatus", "MemoryStore", "SQLiteStore", "Store", "store_from_url"]
+#: URL schemes the Redis store takes (redis-py's own, plus a cluster and a Sentinel form).
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
+
+__all__ = ["BreakerStatus", "MemoryStore", "SQLiteStore", "Store", "StoreConfigError", "store_from_url"]
 
 
 def store_from_url(url: str) -> Store:
-    """``memory://``, ``sqlite:///path/to/state.db`` or ``redis://host:port/db``."""
+    """``memory://``, ``sqlite:///path/to/state.db``, ``redis://host:port/db``,
+    ``redis+cluster://host:port[,host:port...]`` or
+    ``redis+sentinel://host:port[,host:port...]/service_name[/db]``."""
     scheme = urlparse(url).scheme.lower()
     if scheme == "memory":
         return MemoryStore()
@@ -22,8 +27,11 @@ def store_from_url(url: str) -> Store:
         if not path:
             raise ValueError(f"sqlite store URL needs a path: {url!r} (e.g. sqlite:///state.db)")
         return SQLiteStore(path)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in REDIS_SCHEMES:
         from loop_governor.stores.redis import RedisStore  # optional dependency: redis-py
 
         return RedisStore(url)
-    raise ValueError(f"unknown store URL {url!r}: use memory://, sqlite:///path or redis://host:port/db")
+    raise ValueError(
+        f"unknown store URL {url!r}: use memory://, sqlite:///path, redis://host:port/db, "
+        "redis+cluster://host:port,... or redis+sentinel://host:port,.../service_name"
+    )

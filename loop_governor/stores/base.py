@@ -13,9 +13,17 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from loop_governor.breaker import Admission, BreakerPolicy, BreakerRecord, BreakerState, Transition
-from loop_governor.ratelimit import Bucket
+from loop_governor.ratelimit import Bucket, State
 
 Clock = Callable[[], float]
+
+
+class StoreConfigError(ValueError):
+    """``store_url`` (or ``client=``) names a server the store cannot share state through:
+    a Redis Cluster node given as a plain ``redis://`` URL (``MOVED``), a read-only
+    replica (``READONLY``), a Sentinel port, a server refusing the credentials, or a
+    ``client=`` that does not decode responses. Raised at construction instead of running
+    every process on its own local state unnoticed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +34,15 @@ class BreakerStatus:
     state: BreakerState
     failures: int
     opened_at: float
+
+
+def rebase(state: State | None, now: float) -> State | None:
+    """A bucket stamped in the future (the clock stepped back) restarts its refill at
+    ``now``, keeping its tokens: elapsed time is never negative, and the bucket is not
+    frozen until the clock catches up with the old stamp."""
+    if state is None or state[1] <= now:
+        return state
+    return state[0], now
 
 
 @runtime_checkable
@@ -40,8 +57,14 @@ class Store(Protocol):
         (the success path of a healthy tool costs no clock read and, on Redis, one round trip)."""
         ...
 
-    def breaker_record(self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy) -> Transition | None:
-        """Record one attempt's outcome; returns the state change it caused, if any."""
+    def breaker_record(
+        self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy, *, backdate_s: float = 0.0
+    ) -> Transition | None:
+        """Record one attempt's outcome as of ``now - backdate_s``; returns the state change
+        it caused, if any. A success is recorded whenever it completes (it resets failures
+        that completed while it ran); a store skips the write when there is nothing to reset.
+        ``backdate_s`` dates a handed-back probe one cooldown ago (stores on a server clock
+        apply it to the server's time)."""
         ...
 
     def breaker_get(self, tool: str) -> BreakerRecord: ...

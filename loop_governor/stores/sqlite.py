@@ -22,7 +22,7 @@ from loop_governor.breaker import (
     record,
 )
 from loop_governor.ratelimit import Bucket, State, take_all
-from loop_governor.stores.base import BreakerStatus, Clock
+from loop_governor.stores.base import BreakerStatus, Clock, rebase
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS breakers (
@@ -115,10 +115,16 @@ class SQLiteStore:
                 self._put(conn, tool, new)
             return adm, transition
 
-    def breaker_record(self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy) -> Transition | None:
+    def breaker_record(
+        self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy, *, backdate_s: float = 0.0
+    ) -> Transition | None:
+        if ok and not probe:
+            rec = self._get(self._conn, tool)
+            if rec.state is BreakerState.CLOSED and not rec.failures:
+                return None  # nothing to reset: a plain read, no write transaction
         with self._tx() as conn:
             rec = self._get(conn, tool)
-            new, transition = record(rec, ok, probe, now, policy)
+            new, transition = record(rec, ok, probe, now - backdate_s, policy)
             if new is not rec:
                 self._put(conn, tool, new)
             return transition
@@ -142,7 +148,7 @@ class SQLiteStore:
             before: list[State | None] = []
             for bucket in buckets:
                 row = conn.execute("SELECT tokens, ts FROM rate_buckets WHERE tool = ?", (bucket[0],)).fetchone()
-                before.append((float(row[0]), float(row[1])) if row else None)
+                before.append(rebase((float(row[0]), float(row[1])), now) if row else None)
             states, wait = take_all(before, buckets, now)
             conn.executemany(
                 "INSERT INTO rate_buckets (tool, tokens, ts) VALUES (?, ?, ?) "

@@ -52,7 +52,7 @@ def scenario_breaker(fleet: Fleet) -> dict[str, Any]:
     plan = fleet.plan
     threshold, cooldown, threads = plan["threshold"], plan["cooldown"], plan["threads"]
     now = [1000.0]
-    store = RedisStore(plan["url"], namespace=fleet.ns)
+    store = RedisStore(plan["url"], namespace=fleet.ns, server_time=False)
     events: list[dict[str, Any]] = []
     store.on_event = events.append
     config = lg.GovernorConfig(retry_max_attempts=1, breaker_failure_threshold=threshold, breaker_cooldown_s=cooldown)
@@ -126,7 +126,7 @@ def scenario_breaker(fleet: Fleet) -> dict[str, Any]:
 def scenario_rate(fleet: Fleet) -> dict[str, Any]:
     """Every virtual tick each process asks for tokens until refused; count admissions."""
     plan = fleet.plan
-    store = RedisStore(plan["url"], namespace=fleet.ns)
+    store = RedisStore(plan["url"], namespace=fleet.ns, server_time=False)
     rate, burst, ticks, dt = plan["rate"], plan["burst"], plan["ticks"], plan["dt"]
     admitted = refused = 0
     for i in range(ticks):
@@ -150,7 +150,7 @@ def scenario_outage(fleet: Fleet) -> dict[str, Any]:
     def on_event(event: dict[str, Any]) -> None:
         log.write(json.dumps(event, default=str) + "\n")
 
-    store = RedisStore(plan["url"], namespace=fleet.ns, reconnect_base_s=0.05, reconnect_max_s=0.2)
+    store = RedisStore(plan["url"], namespace=fleet.ns, server_time=False, reconnect_base_s=0.05, reconnect_max_s=0.2)
     config = lg.GovernorConfig(
         retry_max_attempts=2,
         retry_base_delay=0.0,

@@ -21,7 +21,7 @@ runner = CliRunner()
 @pytest.mark.redis
 def test_list_open_close_on_redis(redis_server: Any, namespace: str) -> None:
     url = f"{redis_server.url}?namespace={namespace}"
-    agent = RedisStore(url)
+    agent = RedisStore(url, server_time=False)  # the virtual times below are what the CLI lists
     for t in (1.0, 2.0):
         agent.breaker_record("flaky", False, False, t, BreakerPolicy(2, 60))
     agent.breaker_record("slow", False, False, 3.0, BreakerPolicy(5, 60))

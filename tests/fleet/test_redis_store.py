@@ -22,6 +22,12 @@ pytestmark = pytest.mark.redis
 POLICY = BreakerPolicy(failure_threshold=3, cooldown_s=10.0)
 
 
+def _virtual(*args: Any, **kwargs: Any) -> RedisStore:
+    """A RedisStore on the governor's (virtual) clock instead of the server's, so these tests
+    drive cooldowns and refills with FakeClock."""
+    return RedisStore(*args, server_time=False, **kwargs)
+
+
 class FakeClock:
     def __init__(self, now: float = 0.0) -> None:
         self.now = now
@@ -33,7 +39,7 @@ class FakeClock:
 @pytest.fixture(params=["memory", "redis"])
 def store(request: pytest.FixtureRequest, redis_server: Any, namespace: str) -> Iterator[Any]:
     """The same assertions run on the reference store and on Redis."""
-    st_: Any = MemoryStore() if request.param == "memory" else RedisStore(redis_server.url, namespace=namespace)
+    st_: Any = MemoryStore() if request.param == "memory" else _virtual(redis_server.url, namespace=namespace)
     events: list[dict[str, Any]] = []
     st_.on_event = events.append
     yield st_
@@ -140,7 +146,7 @@ def test_tool_and_task_names_with_separators_and_glob_characters(store: Any) -> 
 ops = st.lists(
     st.tuples(
         st.sampled_from(["admit", "rate", "record_ok", "record_fail", "force"]),
-        st.floats(min_value=0.0, max_value=7.0, allow_nan=False),  # time step
+        st.floats(min_value=-7.0, max_value=7.0, allow_nan=False),  # time step (a clock may step back)
         st.booleans(),  # probe flag for record
         st.sampled_from(["closed", "open", "half_open"]),
     ),
@@ -155,7 +161,7 @@ def test_lua_transitions_match_the_python_reference(
     redis_server: Any, namespace: str, seq: list[tuple[str, float, bool, str]], threshold: int, cooldown: float
 ) -> None:
     policy = BreakerPolicy(threshold, cooldown)
-    ref, red = MemoryStore(), RedisStore(redis_server.url, namespace=namespace)
+    ref, red = MemoryStore(), _virtual(redis_server.url, namespace=namespace)
     tool = uuid.uuid4().hex
     now = 1_700_000_000.123  # epoch-sized floats must survive the trip through Lua exactly
     try:
@@ -184,9 +190,9 @@ def test_lua_transitions_match_the_python_reference(
 
 
 def test_two_stores_share_state_and_namespaces_isolate(redis_server: Any, namespace: str) -> None:
-    a = RedisStore(redis_server.url, namespace=namespace)
-    b = RedisStore(f"{redis_server.url}?namespace={namespace}")
-    other = RedisStore(redis_server.url, namespace=namespace + "-other")
+    a = _virtual(redis_server.url, namespace=namespace)
+    b = _virtual(f"{redis_server.url}?namespace={namespace}")
+    other = _virtual(redis_server.url, namespace=namespace + "-other")
     a.breaker_force("api", "open", 10.0)
     assert b.namespace == namespace
     assert b.breaker_get("api").state is BreakerState.OPEN
@@ -196,7 +202,7 @@ def test_two_stores_share_state_and_namespaces_isolate(redis_server: Any, namesp
 
 
 def test_every_key_expires(redis_server: Any, namespace: str) -> None:
-    store = RedisStore(redis_server.url, namespace=namespace, ttl_s=120)
+    store = _virtual(redis_server.url, namespace=namespace, ttl_s=120)
     store.breaker_record("api", False, False, 1.0, POLICY)
     store.budget_take("t", 5)
     store.known_bad_put("t", "k", "{}")
@@ -214,11 +220,11 @@ def test_url_options_reach_the_store_not_redis(redis_server: Any, namespace: str
     assert isinstance(store, RedisStore)
     assert (store.namespace, store.ttl_s) == (namespace, 30.0)
     store.budget_take("t", 1)
-    assert 0 < redis_server.client().pttl(f"{namespace}:task:t:budget") <= 30_000
+    assert 0 < redis_server.client().pttl(f"{namespace}:task:{{t}}:budget") <= 30_000
 
 
 def test_rate_bucket_refills_at_the_rate_and_caps_at_burst(redis_server: Any, namespace: str) -> None:
-    store = RedisStore(redis_server.url, namespace=namespace)
+    store = _virtual(redis_server.url, namespace=namespace)
     t = 1000.0
     assert [store.rate_acquire("api", 2.0, 3.0, t) for _ in range(3)] == [0.0, 0.0, 0.0]
     assert store.rate_acquire("api", 2.0, 3.0, t) == pytest.approx(0.5)
@@ -235,7 +241,7 @@ def test_rate_bucket_refills_at_the_rate_and_caps_at_burst(redis_server: Any, na
 
 def test_several_buckets_are_taken_all_or_nothing(redis_server: Any, namespace: str) -> None:
     """A provider's request and token limits: a call held back by one spends nothing of the other."""
-    store = RedisStore(redis_server.url, namespace=namespace)
+    store = _virtual(redis_server.url, namespace=namespace)
     t = 1000.0
     requests, tokens = ("key", 10.0, 10.0, 1.0), ("key:tokens", 100.0, 1000.0, 600.0)
     assert store.rate_acquire_all([requests, tokens], t) == 0.0
@@ -248,12 +254,14 @@ def test_several_buckets_are_taken_all_or_nothing(redis_server: Any, namespace: 
     big = ("big", 100.0, 500.0, 5000.0)
     assert store.rate_acquire_all([big], t) == 0.0
     assert store.rate_acquire_all([big], t) == pytest.approx(50.0)
-    assert store._redis.pttl(store._rkey("big")) >= 100_000
+    assert store._redis.pttl(store._rkeys([big])[0]) >= 100_000
     assert store.rate_acquire_all([big], t + 50.0) == 0.0
 
 
-def test_success_path_costs_one_round_trip(redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A governed call on a closed breaker sends one request to Redis (counted on the socket)."""
+def test_success_path_costs_two_round_trips(redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A governed call on a closed breaker sends two requests to Redis (counted on the socket):
+    the admission (a plain read) and the success (a script that writes only when another
+    call's failure completed meanwhile: consecutive failures count in completion order)."""
     from redis.connection import Connection
 
     sent: list[int] = []
@@ -263,21 +271,23 @@ def test_success_path_costs_one_round_trip(redis_server: Any, namespace: str, mo
         sent.append(1)
         original(self, command, check_health)
 
-    store = RedisStore(redis_server.url, namespace=namespace)
+    store = _virtual(redis_server.url, namespace=namespace)
     gov = lg.Governor(lg.GovernorConfig(), store=store, clock=FakeClock(5.0))
     with gov.task("task-1"):
         gov.call("warmup", lambda: None)  # first use of a connection: handshake + script load
         monitor = redis_server.client()
-        reads = monitor.info("commandstats")["cmdstat_hmget"]["calls"]
+        stats = monitor.info("commandstats")
+        reads, scripts = stats["cmdstat_hmget"]["calls"], stats["cmdstat_evalsha"]["calls"]
         monkeypatch.setattr(Connection, "send_packed_command", counting)
         for i in range(20):
             assert gov.call("search", lambda x: x * 2, i) == i * 2
-        assert len(sent) == 20
-        # ... and that request is a plain read, not a script.
-        assert monitor.info("commandstats")["cmdstat_hmget"]["calls"] - reads == 20
+        assert len(sent) == 40
+        # ... the admission is a plain read, the success one script (whose HMGET counts too).
+        stats = monitor.info("commandstats")
+        assert (stats["cmdstat_hmget"]["calls"] - reads, stats["cmdstat_evalsha"]["calls"] - scripts) == (40, 20)
         buckets = [("provider", 100.0, 1000.0, 1.0), ("provider:tokens", 1e4, 1e5, 800.0)]
         assert store.rate_acquire_all(buckets, 5.0) == 0.0
-        assert len(sent) == 22  # (the INFO above) + a request and a token limit: one round trip too
+        assert len(sent) == 42  # (the INFO above) + a request and a token limit: one round trip too
         monkeypatch.undo()
 
 
@@ -291,7 +301,7 @@ def test_unreachable_at_start_never_raises(namespace: str) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     events: list[dict[str, Any]] = []
-    store = RedisStore(f"redis://127.0.0.1:{port}/0", namespace=namespace, on_event=events.append)
+    store = _virtual(f"redis://127.0.0.1:{port}/0", namespace=namespace, on_event=events.append)
     clock = FakeClock(0.0)
     assert store.breaker_admit("api", clock, POLICY)[0].allowed
     assert store.breaker_record("api", False, False, 0.0, POLICY) is None
@@ -306,13 +316,13 @@ def test_unreachable_at_start_never_raises(namespace: str) -> None:
     store.end_task("t")
     assert not store.ping() and store.degraded
     assert [e["event"] for e in events] == ["store_fallback"]
-    assert events[0]["op"] == "breaker_admit" and "ConnectionError" in events[0]["error"]
+    assert events[0]["op"] == "connect" and "ConnectionError" in events[0]["error"]
 
 
 def test_outage_falls_back_backs_off_and_merges_on_recovery(own_redis_server: Any, namespace: str) -> None:
     mono = FakeClock(0.0)
     events: list[dict[str, Any]] = []
-    store = RedisStore(
+    store = _virtual(
         own_redis_server.url,
         namespace=namespace,
         monotonic=mono,
@@ -325,7 +335,7 @@ def test_outage_falls_back_backs_off_and_merges_on_recovery(own_redis_server: An
     gov = lg.Governor(config, store=store, clock=now)
     gov.subscribe(events.append)
     store.on_event = lambda e: gov.emit(e.pop("event"), **e)
-    peer = RedisStore(own_redis_server.url, namespace=namespace)  # another process of the fleet
+    peer = _virtual(own_redis_server.url, namespace=namespace)  # another process of the fleet
 
     def down() -> None:
         raise ConnectionError("refused")
@@ -373,8 +383,8 @@ def test_outage_falls_back_backs_off_and_merges_on_recovery(own_redis_server: An
 
 def test_outage_merge_keeps_live_task_state(own_redis_server: Any, namespace: str) -> None:
     mono = FakeClock(0.0)
-    store = RedisStore(own_redis_server.url, namespace=namespace, monotonic=mono, reconnect_base_s=1.0)
-    peer = RedisStore(own_redis_server.url, namespace=namespace)
+    store = _virtual(own_redis_server.url, namespace=namespace, monotonic=mono, reconnect_base_s=1.0)
+    peer = _virtual(own_redis_server.url, namespace=namespace)
     assert store.budget_take("live", 5)
     own_redis_server.kill()
     assert store.budget_take("live", 5)  # local
@@ -439,7 +449,7 @@ def _outage_store(server: Any, namespace: str, mono: FakeClock, hooks: list[Any]
 
 def test_writes_made_while_the_outage_is_being_merged_reach_redis(own_redis_server: Any, namespace: str) -> None:
     mono = FakeClock(0.0)
-    peer = RedisStore(own_redis_server.url, namespace=namespace)
+    peer = _virtual(own_redis_server.url, namespace=namespace)
 
     def meanwhile() -> None:  # another agent thread, while the merge is in flight
         hooked.known_bad_put("t", "call-B", '{"b":1}')
@@ -467,7 +477,7 @@ def test_writes_made_while_the_outage_is_being_merged_reach_redis(own_redis_serv
 
 def test_a_failed_merge_round_keeps_its_deltas_and_later_ones(own_redis_server: Any, namespace: str) -> None:
     mono = FakeClock(0.0)
-    peer = RedisStore(own_redis_server.url, namespace=namespace)
+    peer = _virtual(own_redis_server.url, namespace=namespace)
 
     def round1() -> None:
         assert hooked.budget_take("t", 100)
@@ -494,7 +504,7 @@ def test_recovery_completes_while_other_threads_keep_writing(own_redis_server: A
 
     rounds = getattr(redis_store, "_MERGE_ROUNDS", 8)
     mono = FakeClock(0.0)
-    peer = RedisStore(own_redis_server.url, namespace=namespace)
+    peer = _virtual(own_redis_server.url, namespace=namespace)
     writes = [0]
 
     def meanwhile() -> None:  # new deltas during every round the lock is not held
@@ -514,7 +524,7 @@ def test_a_bucket_debt_outlives_the_ttl_a_later_request_sets(redis_server: Any, 
     with a TTL to match; the next (small, refused) request reset the TTL to 60 s when
     each request set its own cost's TTL, so an idle minute forgave the debt that memory and
     SQLite keep."""
-    store = RedisStore(redis_server.url, namespace=namespace)
+    store = _virtual(redis_server.url, namespace=namespace)
     memory = MemoryStore()
     for s in (store, memory):
         assert s.rate_acquire_all([("k", 100.0, 1000.0, 100_000.0)], 0.0) == 0.0

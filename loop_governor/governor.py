@@ -39,7 +39,7 @@ from loop_governor.outcome import circuit_open
 from loop_governor.progress import NoProgress
 from loop_governor.ratelimit import RateLimit
 from loop_governor.repeats import RepeatedErrors
-from loop_governor.report import Report
+from loop_governor.report import Refusals, Report
 from loop_governor.runtime import Runtime
 from loop_governor.scope import TaskScope, call_key
 from loop_governor.scope_vars import _SCOPE
@@ -107,6 +107,7 @@ class Governor:
             rt,
             [
                 Report(rt),
+                Refusals(rt),
                 *resume,
                 KnownBad(rt),
                 budget.TaskBudget(rt),
@@ -205,9 +206,15 @@ class Governor:
 
     # -- task scope ----------------------------------------------------------------------
 
-    def task(self, task_id: str | None = None) -> TaskScope:
-        """Open a task scope: ``with g.task("id"):`` or ``async with g.task("id"):``."""
-        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex)
+    def task(self, task_id: str | None = None, *, resume: bool | None = None) -> TaskScope:
+        """Open a task scope: ``with g.task("id"):`` or ``async with g.task("id"):``.
+
+        With a checkpoint store, a task that did not finish resumes from its checkpoint;
+        one that finished starts over (``resume=True``: resume it anyway; ``False``:
+        always start over). See :class:`~loop_governor.scope.TaskScope`."""
+        if resume is not None and not isinstance(resume, bool):
+            raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
+        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex, resume)
 
     @staticmethod
     def current_task() -> TaskScope | None:

@@ -29,8 +29,12 @@ def test_never_satisfied_critic_is_warned_once_then_stopped(gov: lg.Governor) ->
     assert "verdict has not changed" in seen[2] and "final answer" in seen[2]
     assert "2 more identical verdicts end the task" in seen[2]
     assert "the next identical verdict ends the task" in seen[3]
-    assert isinstance(err.value, lg.FatalError) and isinstance(err.value, lg.LoopDetectedError)
-    assert err.value.partial_results == ["draft 0"]
+    assert isinstance(err.value, lg.FatalError) and not isinstance(err.value, lg.PermanentError)
+    assert err.value.code == "no_progress"
+    # what add_result recorded first, then the task's successful tool results (redacted text)
+    assert err.value.partial_results[0] == "draft 0"
+    assert [r["tool"] for r in err.value.partial_results[1:]] == ["critic"] * 4
+    assert err.value.partial_results[1]["result"] == VERDICT
 
 
 def test_a_verdict_that_changes_only_a_number_or_time_is_no_progress(gov: lg.Governor) -> None:

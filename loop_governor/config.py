@@ -310,3 +310,20 @@ def _read_toml_table(path: Path) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ValueError(f"{path}: [loop_governor] must be a table")
     return table
+
+
+def check_pruner(pruner: object, pruner_factory: object) -> None:
+    """Misuse of ``pruner`` / ``pruner_factory`` fails at construction, naming the parameter."""
+    if pruner is not None and pruner_factory is not None:
+        raise ValueError("pass pruner or pruner_factory, not both")
+    if pruner is not None and not callable(getattr(pruner, "prune", None)):
+        hint = " (a function that makes one per task goes in pruner_factory=)" if callable(pruner) else ""
+        raise TypeError(f"pruner must have a prune(messages) method, got {type(pruner).__name__}{hint}")
+    if pruner_factory is not None:
+        if callable(getattr(pruner_factory, "prune", None)):
+            raise TypeError(
+                "pruner_factory must be a function returning a new pruner, got a pruner "
+                f"({type(pruner_factory).__name__}); pass it as pruner= to share it"
+            )
+        if not callable(pruner_factory):
+            raise TypeError(f"pruner_factory must be callable, got {type(pruner_factory).__name__}")

@@ -161,6 +161,16 @@ class PermanentError(AgentToolError):
 STOP_PREFIX = "loop-governor stopped the run: "
 
 
+def stop_reason(info: GovernedError) -> str:
+    """Why a run stopped, in one redacted line: ``<tool> (<code>, <status>): <message>``."""
+    parts = [info.tool] if info.tool else []
+    detail = ", ".join(str(x) for x in (info.code, info.status) if x is not None)
+    if detail:
+        parts.append(f"({detail})")
+    head = " ".join(parts)
+    return f"{head}: {info.message}" if head and info.message else head or info.message
+
+
 class FatalError(AgentToolError):
     """The run cannot continue (credentials, billing, a spent budget, a loop that ignored
     every warning); adapters let it stop the run. Every error that ends a run is one,
@@ -180,23 +190,27 @@ class FatalError(AgentToolError):
     default_type = ErrorType.FATAL
 
     def __str__(self) -> str:
-        return STOP_PREFIX + self.reason
+        return STOP_PREFIX + stop_reason(self.info)
 
+    # Settable: framework classes mixed in (crewAI's HookAborted, a provider's error)
+    # keep attributes of these names; the governor's own value is the default.
     @property
     def code(self) -> str | None:
         """The stop's code (the provider's error code, the budget, ``no_progress``...)."""
-        return self.info.code
+        return self.__dict__.get("_lg_code", self.info.code)
+
+    @code.setter
+    def code(self, value: str | None) -> None:
+        self.__dict__["_lg_code"] = value
 
     @property
     def reason(self) -> str:
         """Why the run stopped, in one redacted line: what failed, its code, its message."""
-        info = self.info
-        parts = [info.tool] if info.tool else []
-        detail = ", ".join(str(x) for x in (info.code, info.status) if x is not None)
-        if detail:
-            parts.append(f"({detail})")
-        head = " ".join(parts)
-        return f"{head}: {info.message}" if head and info.message else head or info.message
+        return self.__dict__.get("_lg_reason") or stop_reason(self.info)
+
+    @reason.setter
+    def reason(self, value: str) -> None:
+        self.__dict__["_lg_reason"] = value
 
     def __init__(
         self,

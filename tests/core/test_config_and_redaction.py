@@ -112,8 +112,8 @@ def test_model_text_is_stable_compact_and_bounded() -> None:
     assert list(body) == ["type", "outcome", "tool", "status", "message", "attempts", "advice"]
     assert body["outcome"] == "retries exhausted: 3 attempts"
     assert len(body["message"]) <= 500
-    head = text.split("\"message\"")[0]
-    assert ", \"" not in head and "\": " not in head  # compact separators
+    head = text.split('"message"')[0]
+    assert ', "' not in head and '": ' not in head  # compact separators
 
 
 @pytest.mark.parametrize(

@@ -342,15 +342,19 @@ def warn_unknown_env(fields: Any, environ: Any = None) -> list[str]:
     return unknown
 
 
+def _kind(value: object) -> str:
+    return f"the class {value.__name__}" if isinstance(value, type) else type(value).__name__
+
+
 def check_pruner(pruner: object, pruner_factory: object) -> None:
     """Misuse of ``pruner`` / ``pruner_factory`` fails at construction, naming the parameter."""
     if pruner is not None and pruner_factory is not None:
         raise ValueError("pass pruner or pruner_factory, not both")
-    if pruner is not None and not callable(getattr(pruner, "prune", None)):
-        hint = " (a function that makes one per task goes in pruner_factory=)" if callable(pruner) else ""
-        raise TypeError(f"pruner must have a prune(messages) method, got {type(pruner).__name__}{hint}")
+    if pruner is not None and (isinstance(pruner, type) or not callable(getattr(pruner, "prune", None))):
+        hint = " (a function or class that makes one per task goes in pruner_factory=)" if callable(pruner) else ""
+        raise TypeError(f"pruner must be an object with a prune(messages) method, got {_kind(pruner)}{hint}")
     if pruner_factory is not None:
-        if callable(getattr(pruner_factory, "prune", None)):
+        if not isinstance(pruner_factory, type) and callable(getattr(pruner_factory, "prune", None)):
             raise TypeError(
                 "pruner_factory must be a function returning a new pruner, got a pruner "
                 f"({type(pruner_factory).__name__}); pass it as pruner= to share it"

@@ -46,9 +46,10 @@ def _secs(value: Any) -> str:
 
 
 def _retry(e: Mapping[str, Any]) -> str:
+    kind = " ".join(str(x) for x in (e.get("error_type"), e.get("status"), e.get("code")) if x is not None)
     return (
         f"retrying {_s(e.get('tool'))} in {_secs(e.get('delay_s'))} after attempt {_s(e.get('attempt'))} failed "
-        f"({_s(e.get('error_type'))}: {_s(e.get('signature'))})"
+        f"({kind or '-'}: {_s(e.get('signature'))})"
     )
 
 

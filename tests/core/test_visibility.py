@@ -57,7 +57,7 @@ def test_retries_waits_and_breaker_transitions_are_info_stops_and_refusals_warni
     infos = [m for level, m, _ in records if level == logging.INFO]
     warns = [m for level, m, _ in records if level == logging.WARNING]
     # each retry: the tool, why, and the wait
-    assert any(m.startswith("retrying search in 0.60s after attempt 1 failed (transient:") for m in infos), infos
+    assert any(m.startswith("retrying search in 0.60s after attempt 1 failed (transient 503:") for m in infos), infos
     assert any("retrying search in 1.20s after attempt 2" in m for m in infos)
     assert "circuit breaker of search: closed -> open" in infos
     assert any(m.startswith("refused a call to search without making it (circuit_open)") for m in warns), warns

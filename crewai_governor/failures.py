@@ -135,7 +135,7 @@ def stop_error(exc: lg.FatalError) -> lg.FatalError:
     stop_cls = _stop_class(type(exc))
     stop: Any = Exception.__new__(stop_cls, *exc.args)
     stop.__dict__.update(exc.__dict__)  # .info, and e.g. BudgetExhaustedError.partial_results
-    stop.reason = str(exc)  # "loop-governor stopped the run: <reason>"
+    stop.reason = exc.reason  # the same .reason as the governor's (str() adds the prefix)
     stop.source = "loop_governor"
     stop.__cause__ = exc
     result: lg.FatalError = stop.with_traceback(exc.__traceback__)
@@ -153,13 +153,14 @@ def model_stop(exc: lg.AgentToolError) -> lg.AgentToolError:
     """
     stop_cls = _stop_class(type(exc))
     info = exc.info
-    summary = STOP_PREFIX + stop_reason(info)
+    reason = stop_reason(info)
     if not isinstance(exc, lg.FatalError):
-        summary += f" (model call failed: {info.outcome_text()})"
+        reason += f" (model call failed: {info.outcome_text()})"
+    summary = STOP_PREFIX + reason
     stop: Any = Exception.__new__(stop_cls, summary)
     stop.__dict__.update(exc.__dict__)
     stop.args = (summary,)
-    stop.reason = summary
+    stop.reason = reason
     stop.source = "loop_governor"
     stop.__cause__ = None
     stop.__context__ = None

@@ -65,6 +65,7 @@ def _assert_the_stop_is_visible(
     text = str(stop)
     assert text.startswith(STOP) and "insufficient_quota" in text and "429" in text
     assert stop.code == "insufficient_quota"
+    assert text == STOP + stop.reason  # .reason: the same words, without the prefix
     # partial results: the successful tool call, without any add_result
     assert stop.partial_results, "partial_results is empty after a successful tool call"
     first = stop.partial_results[0]

@@ -137,6 +137,8 @@ class TaskScope:
                 # A finished task's checkpoint does not answer a new run: start over.
                 checkpoints.delete(self.task_id)
                 loaded = None
+            if loaded is not None:
+                loaded.metadata.pop(FINISHED_KEY, None)  # running again: unfinished until it completes
             self.checkpoint = loaded or TaskCheckpoint(task_id=self.task_id)
             self.results = self.checkpoint.results
             self.results_saved = len(self.results)
@@ -185,8 +187,8 @@ class TaskScope:
         outcome = self.outcome(exc)
         if outcome["outcome"] == "completed" and self.checkpoint is not None:
             # kept, marked finished: a new run of the same task id starts over
-            self.checkpoint.metadata[FINISHED_KEY] = gov.clock()
-            gov.save_checkpoint(self)
+            finished_at = gov.clock()
+            gov.update_checkpoint(self, lambda cp: cp.metadata.__setitem__(FINISHED_KEY, finished_at))
         gov.emit("task_end", steps=self.steps, tool_calls=self.tool_calls, model_calls=self.model_calls, **outcome)
         if self._token is not None:
             _SCOPE.reset(self._token)

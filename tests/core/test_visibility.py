@@ -177,6 +177,15 @@ def test_a_finished_task_does_not_answer_a_new_run(tmp_path: Path, clock: Virtua
     with _gov(clock, checkpoint_url=url).task("t1", resume=True) as scope:
         scope.governor.call("get_weather", weather, "Paris")
     assert weather.calls == 3  # asked for explicitly: resumed
+    # resumed, then stopped: no longer finished, so the next run resumes it
+    gov = _gov(clock, checkpoint_url=url)
+    with gov.task("t1", resume=True), pytest.raises(lg.FatalError):
+        gov.call("crm", Backend(forever=HTTPError(401)))
+    stored = FileCheckpointStore(tmp_path / "cps").load("t1")
+    assert stored is not None and "finished_at" not in stored.metadata
+    with _gov(clock, checkpoint_url=url).task("t1") as scope:
+        scope.governor.call("get_weather", weather, "Paris")
+    assert weather.calls == 3
 
 
 def test_a_task_that_did_not_finish_resumes(tmp_path: Path, clock: VirtualClock) -> None:

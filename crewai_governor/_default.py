@@ -13,4 +13,9 @@ import loop_governor as lg
 
 def resolve_governor(governor: lg.Governor | None = None) -> lg.Governor:
     """``governor`` itself, else the process-wide default governor."""
-    return governor if governor is not None else lg.default_governor()
+    if governor is None:
+        return lg.default_governor()
+    if not isinstance(governor, lg.Governor):  # at construction, naming the parameter
+        hint = " (build one: governor=lg.Governor(config))" if isinstance(governor, lg.GovernorConfig) else ""
+        raise TypeError(f"governor must be a loop_governor.Governor or None, not {type(governor).__name__}{hint}")
+    return governor

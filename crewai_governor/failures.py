@@ -29,6 +29,7 @@ from crewai.tools.tool_failure import ToolFailure, ToolFailureReason
 from pydantic import PrivateAttr
 
 import loop_governor as lg
+from loop_governor.errors import STOP_PREFIX, stop_reason
 
 __all__ = ["GovernedToolError", "GovernedToolFailure", "ensure_fatal_relay", "failure_from_error", "stop_error"]
 
@@ -134,7 +135,7 @@ def stop_error(exc: lg.FatalError) -> lg.FatalError:
     stop_cls = _stop_class(type(exc))
     stop: Any = Exception.__new__(stop_cls, *exc.args)
     stop.__dict__.update(exc.__dict__)  # .info, and e.g. BudgetExhaustedError.partial_results
-    stop.reason = exc.info.to_model_text()
+    stop.reason = exc.reason  # the same .reason as the governor's (str() adds the prefix)
     stop.source = "loop_governor"
     stop.__cause__ = exc
     result: lg.FatalError = stop.with_traceback(exc.__traceback__)
@@ -152,11 +153,14 @@ def model_stop(exc: lg.AgentToolError) -> lg.AgentToolError:
     """
     stop_cls = _stop_class(type(exc))
     info = exc.info
-    summary = f"loop-governor stopped the run: the model call to {info.tool} failed ({info.error_type.value})"
+    reason = stop_reason(info)
+    if not isinstance(exc, lg.FatalError):
+        reason += f" (model call failed: {info.outcome_text()})"
+    summary = STOP_PREFIX + reason
     stop: Any = Exception.__new__(stop_cls, summary)
     stop.__dict__.update(exc.__dict__)
     stop.args = (summary,)
-    stop.reason = summary
+    stop.reason = reason
     stop.source = "loop_governor"
     stop.__cause__ = None
     stop.__context__ = None

@@ -64,6 +64,7 @@ from crewai_governor._default import resolve_governor
 from crewai_governor.failures import GovernedToolError, ensure_fatal_relay, stop_error
 from crewai_governor.llm import govern_llm, is_governed_llm
 from crewai_governor.tools import GovernedTool
+from loop_governor.config import check_pruner
 from loop_governor.context.tokens import approx_tokens
 from loop_governor.context.view import ASSISTANT, TOOL, codec_for
 
@@ -151,8 +152,7 @@ class GovernorHooks:
         govern_llms: bool = True,
         fallback_llms: Sequence[Any] = (),
     ) -> None:
-        if pruner is not None and pruner_factory is not None:
-            raise ValueError("pass pruner or pruner_factory, not both")
+        check_pruner(pruner, pruner_factory)
         self.governor = governor
         self._pruner = pruner
         self._pruner_factory = pruner_factory

@@ -179,7 +179,9 @@ def resume_crew(
     governor = _governor_for(checkpoints)
     lock = threading.Lock()
     originals = [task.callback for task in the_crew.tasks]
-    with governor.task(run_id) as scope:
+    # resume=True: resume_crew is the explicit resume (a finished run returns its stored
+    # outputs), unlike a plain governor task, whose finished checkpoint starts over
+    with governor.task(run_id, resume=True) as scope:
         done = restore_task_outputs(the_crew, list(scope.results))
         governor.emit("crew_resume", run_id=run_id, tasks=len(the_crew.tasks), skipped=done)
         for index, task in enumerate(the_crew.tasks):

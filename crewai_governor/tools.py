@@ -285,6 +285,12 @@ def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> Governed
 
 
 def govern_tools(tools: Iterable[BaseTool], governor: lg.Governor | None = None) -> list[GovernedTool]:
-    """:func:`govern_tool` for each tool, all sharing one governor."""
+    """:func:`govern_tool` for each tool, all sharing one governor (a single tool is
+    refused with a TypeError: pass ``[tool]`` or use :func:`govern_tool`)."""
+    if isinstance(tools, BaseTool | str | bytes):
+        raise TypeError(
+            f"govern_tools takes a list of tools, got a single {type(tools).__name__}: "
+            "pass [tool], or use govern_tool(tool, governor)"
+        )
     gov = resolve_governor(governor)
     return [govern_tool(t, gov) for t in tools]

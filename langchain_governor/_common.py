@@ -26,8 +26,16 @@ STATE_TASK_KEY = "governor_task_id"
 
 
 def resolve_governor(governor: lg.Governor | None) -> lg.Governor:
-    """``governor`` or the core's process-wide default (shared breakers for every adapter)."""
-    return governor if governor is not None else lg.default_governor()
+    """``governor`` or the core's process-wide default (shared breakers for every adapter).
+
+    Anything else fails here, at construction, naming the parameter: a ``GovernorConfig``
+    passed where the governor goes would otherwise fail only at the first invoke."""
+    if governor is None:
+        return lg.default_governor()
+    if not isinstance(governor, lg.Governor):
+        hint = " (build one: governor=lg.Governor(config))" if isinstance(governor, lg.GovernorConfig) else ""
+        raise TypeError(f"governor must be a loop_governor.Governor or None, not {type(governor).__name__}{hint}")
+    return governor
 
 
 class Interrupted:

@@ -23,8 +23,9 @@ import loop_governor as lg
 class LiveTasks:
     """Live task scopes by id for one governor (thread-safe)."""
 
-    def __init__(self, governor: lg.Governor) -> None:
+    def __init__(self, governor: lg.Governor, resume: bool | None = None) -> None:
         self.governor = governor
+        self.resume = resume
         self._lock = threading.Lock()
         self._live: dict[str, tuple[lg.TaskScope, contextvars.Context]] = {}
 
@@ -36,19 +37,20 @@ class LiveTasks:
                 # Entered in a private context copy: its token stays valid there, so the
                 # scope can be exited later from whichever node ends the run.
                 home = contextvars.copy_context()
-                scope = self.governor.task(task_id)
+                scope = self.governor.task(task_id, resume=self.resume)
                 home.run(scope.__enter__)
                 entry = (scope, home)
                 self._live[task_id] = entry
             return entry[0]
 
-    def end(self, task_id: str) -> None:
-        """End the task (task_end; the store drops its per-task state)."""
+    def end(self, task_id: str, exc: BaseException | None = None) -> None:
+        """End the task (task_end, whose ``outcome`` says how: ``exc`` is what aborted
+        the run, if anything; the store drops its per-task state)."""
         with self._lock:
             entry = self._live.pop(task_id, None)
         if entry is not None:
             scope, home = entry
-            home.run(scope.__exit__, None, None, None)
+            home.run(scope.__exit__, type(exc) if exc is not None else None, exc, None)
 
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._live

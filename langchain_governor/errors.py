@@ -59,7 +59,9 @@ def _mixed(first: type[BaseException], second: type[BaseException], **attrs: Any
     with _variants_lock:
         if key not in _variants:
             own = first if first.__module__ != __name__ else second
-            name = attrs.pop("_own_name", None) or f"Governed{own.__name__}"
+            # never the bare name of the class it mixes in: a "RuntimeError" of this
+            # module would read like the builtin in every traceback
+            name = f"Governed{own.__name__}"
             body = {"__module__": __name__, "__qualname__": name, "__doc__": own.__doc__, **attrs}
             try:
                 _variants[key] = type(name, (first, second), body)
@@ -165,7 +167,7 @@ def tool_error(error: lg.AgentToolError, *, answerable: bool, cause: BaseExcepti
     cls = base
     if isinstance(cause, Exception) and not isinstance(cause, lg.AgentToolError | ToolException | GraphBubbleUp):
         own = type(cause)
-        cls = _mixed(base, own, __init__=GovernedToolError.__init__, _own_name=own.__name__) or base
+        cls = _mixed(base, own, __init__=GovernedToolError.__init__) or base
     try:
         raised: Any = Exception.__new__(cls)
         if cls is not base and cause is not None:
@@ -190,14 +192,16 @@ def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
     through to the caller) that is also an instance of the model's own exception class
     where Python can combine the two -- ``except lg.FatalError`` and
     ``except openai.AuthenticationError`` both catch a revoked key, and a middleware or a
-    caller matching the model's exceptions keeps matching. Its text is the model
-    exception's, redacted; ``.info`` holds the governor's (redacted) classification."""
+    caller matching the model's exceptions keeps matching. The class is named
+    ``Governed<ModelErrorClass>``; the model's exception is its ``__cause__``. A fatal
+    stop reads ``"loop-governor stopped the run: <reason>"``; another failure keeps the
+    model exception's text. ``.info`` holds the governor's (redacted) classification."""
     cause = error.__cause__
     governed: lg.AgentToolError = fatal_stop(error) if isinstance(error, lg.FatalError) else error
     if not isinstance(cause, Exception) or isinstance(cause, lg.AgentToolError | GraphBubbleUp):
         return governed
     own = type(cause)
-    cls = _mixed(type(governed), own, _own_name=own.__name__)
+    cls = _mixed(type(governed), own)
     if cls is None:
         return governed
     try:

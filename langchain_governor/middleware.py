@@ -66,6 +66,7 @@ from langchain_governor.errors import GovernedToolError, answerable, model_error
 from langchain_governor.models import ModelCopies, describe, prompt_tokens, usage_of_response
 from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
 from loop_governor.call import PassThrough
+from loop_governor.config import check_pruner
 from loop_governor.context.compact import emergency_compact
 from loop_governor.ladder import nothing_left
 
@@ -160,6 +161,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         govern_tool_calls: govern the agent's tool calls (the default). ``False`` for an
             agent without tools: the middleware then defines no tool hook, and
             ``create_agent`` builds the same graph as without it.
+        resume: with a checkpoint store, a thread whose last run did not finish resumes
+            from its checkpoint (``None``, the default); one that finished starts over.
+            ``True`` resumes a finished thread's checkpoint too, ``False`` never resumes.
 
     Where it goes in ``middleware=[...]``: first (outermost) is the documented place --
     see the README for how it combines with the built-in middlewares.
@@ -189,12 +193,16 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         record_messages: bool = True,
         fallback_models: Sequence[Any] = (),
         govern_tool_calls: bool = True,
+        resume: bool | None = None,
     ) -> None:
         super().__init__()
         self.govern_tool_calls = govern_tool_calls
         self.governor = resolve_governor(governor)
-        if pruner is not None and pruner_factory is not None:
-            raise ValueError("pass pruner or pruner_factory, not both")
+        check_pruner(pruner, pruner_factory)
+        if resume is not None and not isinstance(resume, bool):
+            raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
+        if isinstance(fallback_models, str) or not isinstance(fallback_models, Sequence):
+            raise TypeError(f"fallback_models must be a sequence of chat models, not {type(fallback_models).__name__}")
         self.pruner = pruner
         # A pruner keeps per-conversation state and is not thread-safe: one agent serves
         # many threads (batch, a server), so either one pruner per task (the factory) or
@@ -207,7 +215,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         named = [self._copies(m)[1] for m in fallback_models]
         if len(set(named)) < len(named):  # the agent's own model is checked per call (governor.call_model)
             raise ValueError(f"fallback_models: an endpoint is named twice: {named}")
-        self._tasks = LiveTasks(self.governor)
+        self._tasks = LiveTasks(self.governor, resume)
 
     # -- task scope ---------------------------------------------------------------------
     #
@@ -275,7 +283,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             # not run, so end the task here. Otherwise the thread stays stuck with a spent
             # budget and runs without a thread_id leak their state. A checkpoint, if any,
             # was saved; a resume reloads it.
-            self._tasks.end(task_id)
+            self._tasks.end(task_id, exc)
             self._pruners.drop(task_id)
             raise
 

@@ -367,6 +367,14 @@ def govern_tool(
 def govern_tools(
     tools: Iterable[BaseTool | Callable[..., Any]], governor: lg.Governor | None = None, *, raise_errors: bool = False
 ) -> list[GovernedTool]:
-    """Wrap every tool with the same governor (shared breakers, budgets and task state)."""
+    """Wrap every tool with the same governor (shared breakers, budgets and task state).
+
+    ``tools`` is a list (or any iterable) of tools: a single tool is refused with a
+    TypeError (use :func:`govern_tool` for one)."""
+    if isinstance(tools, BaseTool) or callable(tools) or isinstance(tools, str | bytes):
+        raise TypeError(
+            f"govern_tools takes a list of tools, got a single {type(tools).__name__}: "
+            "pass [tool], or use govern_tool(tool, governor)"
+        )
     gov = resolve_governor(governor)
     return [govern_tool(t, gov, raise_errors=raise_errors) for t in tools]

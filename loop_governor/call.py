@@ -284,6 +284,21 @@ class PassThrough(BaseException):
         self.exc = exc
 
 
+def programming_error(exc: BaseException) -> bool:
+    """Whether a first attempt's exception is the caller's programming error, which must
+    reach the caller as it would without the governor (never classified, retried or told
+    to the model as the tool's failure):
+
+    * ``NotImplementedError`` -- e.g. an async-only tool called synchronously;
+    * a ``TypeError`` raised by the call itself, before the function's body ran: the
+      arguments do not fit its signature (the traceback holds only the calling frame).
+    """
+    if isinstance(exc, NotImplementedError):
+        return True
+    tb = exc.__traceback__
+    return isinstance(exc, TypeError) and tb is not None and tb.tb_next is None
+
+
 class Refused(Exception):
     """An :class:`AttemptPolicy` refused an attempt. On the first attempt ``error`` is the
     call's outcome; on a retry the call ends with its last failure, ``reason`` saying why.

@@ -27,7 +27,17 @@ from typing import Any
 
 from tenacity import AsyncRetrying, Retrying
 
-from loop_governor.call import MODEL, AttemptPolicy, Call, PassThrough, Policy, Refused, Resumed, overrides
+from loop_governor.call import (
+    MODEL,
+    AttemptPolicy,
+    Call,
+    PassThrough,
+    Policy,
+    Refused,
+    Resumed,
+    overrides,
+    programming_error,
+)
 from loop_governor.errors import AgentToolError, BudgetExhaustedError, FatalError, TransientError
 from loop_governor.fingerprint import result_text
 from loop_governor.outcome import failure
@@ -204,6 +214,8 @@ class Chain:
         return self._retries(plan, call, first)
 
     def _retries(self, plan: Plan, call: Call, first: Exception) -> Any:
+        if programming_error(first):
+            raise PassThrough(first)  # the caller's bug, not the call's failure: as it came
         loop = RetryLoop(self.rt, call, plan.after_attempt_failure)
         pending: list[Exception] = [first]
 
@@ -243,6 +255,8 @@ class Chain:
             first = exc
         else:
             return self._attempt_ok(plan, call, result)
+        if programming_error(first):
+            raise PassThrough(first)  # the caller's bug, not the call's failure: as it came
         loop = RetryLoop(self.rt, call, plan.after_attempt_failure)
         pending: list[Exception] = [first]
 

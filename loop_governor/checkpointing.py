@@ -99,22 +99,56 @@ def record_success(rt: Runtime, scope: TaskScope, key: str, result: Any) -> None
 
 
 def stop_run(rt: Runtime, scope: TaskScope | None, error: AgentToolError) -> AgentToolError:
-    """A fatal outcome stops the run: save what it did and hand back its partial results."""
-    if scope is None or not isinstance(error, FatalError):
+    """A fatal outcome stops the run: save what it did, hand back its partial results,
+    remember the stop on the scope (its ``task_end`` says how the task ended) and report
+    it once (a ``run_stopped`` event: a WARNING of the ``loop_governor`` logger)."""
+    if not isinstance(error, FatalError) or getattr(error, "_lg_stop_reported", False):
         return error
-    update_checkpoint(rt, scope)
-    if not error.partial_results:
-        error.partial_results = list(scope.results)
+    error._lg_stop_reported = True  # type: ignore[attr-defined]  # once, whichever guard stops first
+    if scope is not None:
+        update_checkpoint(rt, scope)
+        error.partial_results = scope.partial_results()
+        if scope.stop is None:
+            scope.stop = error
+    rt.events.emit("run_stopped", **stop_fields(error))
     return error
 
 
-class RunStop(Policy):
-    """A fatal outcome ends the run: its checkpoint is saved, its partial results attached."""
+def stop_fields(error: BaseException) -> dict[str, Any]:
+    """The fields that say why a run ended (``run_stopped``, ``task_end``), redacted."""
+    if isinstance(error, FatalError):
+        info = error.info
+        return {
+            "tool": info.tool,
+            "error_class": type(error).__name__,
+            "code": info.code,
+            "status": info.status,
+            "reason": error.reason,  # built from the redacted message
+        }
+    return {
+        "error_class": type(error).__name__,
+        "code": None,
+        "reason": redact(f"{type(error).__name__}: {error}")[:500],
+    }
 
+
+class RunStop(Policy):
+    """A fatal outcome ends the run: its checkpoint is saved, its partial results attached.
+
+    Also keeps the task's latest successful tool results (references only, bounded: they
+    are redacted and cut when a stop hands them back as ``partial_results``)."""
+
+    in_task_only = False  # a stop outside a task is still reported
     __slots__ = ("rt",)
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        scope = call.scope
+        if scope is not None and call.kind == TOOL:
+            scope.tool_results.append((call.name, result))
+        return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         return stop_run(self.rt, call.scope, error)

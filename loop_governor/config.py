@@ -8,8 +8,10 @@ at construction with pydantic's message naming the field.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -293,6 +295,7 @@ class GovernorConfig(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        warn_unknown_env(settings_cls.model_fields)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         env_file = os.environ.get("LOOP_GOVERNOR_CONFIG_FILE")
         if env_file:
@@ -352,3 +355,51 @@ def _read_toml_table(path: Path) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ValueError(f"{path}: [loop_governor] must be a table")
     return table
+
+
+ENV_PREFIX = "LOOP_GOVERNOR_"
+# Variables read outside GovernorConfig's fields: the config file, the test suite's fleet store.
+_OTHER_ENV = frozenset({"LOOP_GOVERNOR_CONFIG_FILE", "LOOP_GOVERNOR_CHECKPOINT_URL", "LOOP_GOVERNOR_STORE_URL"})
+_warned_env: set[str] = set()
+
+
+def warn_unknown_env(fields: Any, environ: Any = None) -> list[str]:
+    """Warn (once per name) about each ``LOOP_GOVERNOR_*`` variable that is no setting,
+    with the closest setting's name: pydantic-settings ignores them silently, so a typo
+    (``LOOP_GOVERNOR_MAX_STEP=2``) would leave the run unbounded. Returns the names."""
+    env = os.environ if environ is None else environ
+    known = {ENV_PREFIX + name.upper() for name in fields} | _OTHER_ENV
+    unknown = []
+    for name in env:
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper.split("__", 1)[0] in known:
+            continue  # a setting, or a nested one (LOOP_GOVERNOR_TOOLS__SEARCH__...)
+        unknown.append(name)
+        if name in _warned_env:
+            continue
+        _warned_env.add(name)
+        close = difflib.get_close_matches(upper, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.warn(f"unknown environment variable {name} is ignored by loop-governor{hint}", stacklevel=2)
+    return unknown
+
+
+def _kind(value: object) -> str:
+    return f"the class {value.__name__}" if isinstance(value, type) else type(value).__name__
+
+
+def check_pruner(pruner: object, pruner_factory: object) -> None:
+    """Misuse of ``pruner`` / ``pruner_factory`` fails at construction, naming the parameter."""
+    if pruner is not None and pruner_factory is not None:
+        raise ValueError("pass pruner or pruner_factory, not both")
+    if pruner is not None and (isinstance(pruner, type) or not callable(getattr(pruner, "prune", None))):
+        hint = " (a function or class that makes one per task goes in pruner_factory=)" if callable(pruner) else ""
+        raise TypeError(f"pruner must be an object with a prune(messages) method, got {_kind(pruner)}{hint}")
+    if pruner_factory is not None:
+        if not isinstance(pruner_factory, type) and callable(getattr(pruner_factory, "prune", None)):
+            raise TypeError(
+                "pruner_factory must be a function returning a new pruner, got a pruner "
+                f"({type(pruner_factory).__name__}); pass it as pruner= to share it"
+            )
+        if not callable(pruner_factory):
+            raise TypeError(f"pruner_factory must be callable, got {type(pruner_factory).__name__}")

@@ -77,9 +77,25 @@ class GovernedError(BaseModel):
     def _clean_advice(cls, value: str | None) -> str | None:
         return None if value is None else truncate(redact(value))
 
+    def outcome_text(self) -> str:
+        """What the outcome means for the caller, in plain words: the model reads this
+        instead of a bare ``"retryable": false`` beside ``"transient"`` (which reads as a
+        contradiction when the retries are what is spent). Counts real attempts only."""
+        if self.error_type is ErrorType.FATAL:
+            return "run stopped"
+        if self.retryable:
+            return "may be retried"
+        if self.error_type is ErrorType.PERMANENT:
+            return "will fail again if repeated"
+        if self.attempts <= 0:
+            return "not attempted"
+        return f"retries exhausted: {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
+
     def to_model_text(self) -> str:
         """Compact, stable JSON ``{"error": {...}}``; ``None`` fields are left out."""
-        body: dict[str, Any] = {"type": self.error_type.value, "retryable": self.retryable}
+        body: dict[str, Any] = {"type": self.error_type.value, "outcome": self.outcome_text()}
+        if self.retryable:
+            body["retryable"] = True  # a client's own retry may help (kept for readers keyed on it)
         if self.tool is not None:
             body["tool"] = self.tool
         if self.status is not None:
@@ -142,12 +158,59 @@ class PermanentError(AgentToolError):
     default_type = ErrorType.PERMANENT
 
 
+STOP_PREFIX = "loop-governor stopped the run: "
+
+
+def stop_reason(info: GovernedError) -> str:
+    """Why a run stopped, in one redacted line: ``<tool> (<code>, <status>): <message>``."""
+    parts = [info.tool] if info.tool else []
+    detail = ", ".join(str(x) for x in (info.code, info.status) if x is not None)
+    if detail:
+        parts.append(f"({detail})")
+    head = " ".join(parts)
+    return f"{head}: {info.message}" if head and info.message else head or info.message
+
+
 class FatalError(AgentToolError):
     """The run cannot continue (credentials, billing, a spent budget, a loop that ignored
-    every warning); adapters let it stop the run. ``partial_results`` holds what the
-    task finished before it stopped (its sub-results, also in the checkpoint)."""
+    every warning); adapters let it stop the run. Every error that ends a run is one,
+    and none is a :class:`PermanentError` (``except PermanentError`` written first must
+    not swallow a stop).
+
+    ``str(exc)`` reads ``"loop-governor stopped the run: <reason>"``; ``.reason`` is that
+    reason (redacted) and ``.code`` the stop's code (``insufficient_quota``,
+    ``max_steps``, ``no_progress``, ``cycle``...).
+
+    ``partial_results`` holds what the task got done before it stopped: first what
+    ``scope.add_result()`` recorded (also in the checkpoint), then the task's latest
+    successful tool results as ``{"tool": name, "result": text}`` -- at most
+    ``PARTIAL_RESULTS_MAX`` of them (the latest), each redacted and cut to
+    ``PARTIAL_RESULT_CHARS`` characters. Empty outside a task."""
 
     default_type = ErrorType.FATAL
+
+    def __str__(self) -> str:
+        return STOP_PREFIX + stop_reason(self.info)
+
+    # Settable: framework classes mixed in (crewAI's HookAborted, a provider's error)
+    # keep attributes of these names; the governor's own value is the default.
+    @property
+    def code(self) -> str | None:
+        """The stop's code (the provider's error code, the budget, ``no_progress``...)."""
+        return self.__dict__.get("_lg_code", self.info.code)
+
+    @code.setter
+    def code(self, value: str | None) -> None:
+        self.__dict__["_lg_code"] = value
+
+    @property
+    def reason(self) -> str:
+        """Why the run stopped, in one redacted line: what failed, its code, its message."""
+        return self.__dict__.get("_lg_reason") or stop_reason(self.info)
+
+    @reason.setter
+    def reason(self, value: str) -> None:
+        self.__dict__["_lg_reason"] = value
 
     def __init__(
         self,
@@ -172,14 +235,14 @@ class BudgetExhaustedError(FatalError):
     """A task budget (steps, tokens, cost, time) ran out; carries the partial results."""
 
 
-class NoProgressError(LoopDetectedError, FatalError):
-    """The loop kept going after being told its tool's verdict no longer changes: end the run.
+class NoProgressError(FatalError):
+    """The loop kept going after being told its tool's verdict no longer changes (the same
+    result, a cycle, a warning ignored): end the run, with the partial results of the task.
 
-    Both a :class:`LoopDetectedError` (what happened) and a :class:`FatalError` (what
-    adapters do with it: stop the run), with the partial results of the task.
+    A :class:`FatalError` only: not a :class:`LoopDetectedError` (a ``PermanentError``,
+    which the model reads and the run survives) since 0.x -- ``.code`` says which guard
+    stopped it (``no_progress``, ``cycle``, ``escalation``...).
     """
-
-    default_type = ErrorType.FATAL
 
 
 ERROR_CLASS: dict[ErrorType, type[AgentToolError]] = {

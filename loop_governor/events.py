@@ -2,8 +2,9 @@
 
 One small object instead of a method on the facade, so policies can report without
 importing the :class:`~loop_governor.governor.Governor` (no import circle). Building an
-event costs a dict; with no subscriber, ``emit`` returns before doing even that, and
-callers check :attr:`Events.emitting` before computing expensive fields.
+event costs a dict; with no subscriber (and the ``loop_governor`` logger off for the
+event), ``emit`` returns before doing even that, and callers check
+:attr:`Events.emitting` before computing expensive fields.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from loop_governor.logs import level_of, log_event
 from loop_governor.scope_vars import _CALL_META, _SCOPE
 
 Subscriber = Callable[[dict[str, Any]], None]
@@ -41,7 +43,11 @@ class Events:
         return unsubscribe
 
     def emit(self, event: str, **fields: Any) -> None:
-        if not self.emitting:
+        """Send one event to the subscribers, and to the ``loop_governor`` logger when it
+        is enabled for the event's level (:mod:`loop_governor.logs`): the logger is not
+        a subscriber, so it never turns the governor's no-listener fast paths off."""
+        level = level_of(event)
+        if not self.emitting and level is None:
             return
         scope = _SCOPE.get()
         record = {"event": event, "ts": self._clock(), "task_id": scope.task_id if scope is not None else None}
@@ -49,6 +55,11 @@ class Events:
         if meta:
             record.update(meta)
         record.update(fields)
+        if level is not None:
+            try:
+                log_event(level, record)
+            except Exception:
+                self.sink_failures += 1
         for fn in self._subscribers:
             try:
                 fn(record)

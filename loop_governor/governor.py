@@ -19,7 +19,7 @@ import random as _random
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from loop_governor import budget, checkpointing, report
@@ -41,7 +41,7 @@ from loop_governor.progress import NoProgress
 from loop_governor.ratelimit import RateLimit
 from loop_governor.redaction import mask_url
 from loop_governor.repeats import RepeatedErrors
-from loop_governor.report import Report
+from loop_governor.report import Refusals, Report
 from loop_governor.runtime import Runtime
 from loop_governor.scope import TaskScope, call_key
 from loop_governor.scope_vars import _SCOPE
@@ -54,12 +54,56 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class _NoLens:
+    """``Governor.lens`` without a ``trace_path``: falsy, and closing or flushing it is a
+    no-op, so shutdown code need not ask whether tracing was on."""
+
+    path = None
+    anomalies: list[dict[str, Any]] = []  # noqa: RUF012  # always empty, never mutated
+    failures: dict[str, int] = {}  # noqa: RUF012
+
+    def __bool__(self) -> bool:
+        return False
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        return None
+
+
+def _config_of(config: object) -> GovernorConfig:
+    """The ``config`` argument as a GovernorConfig: a mapping of settings is accepted
+    (validated like keyword arguments, env and config file included); anything else
+    fails here with a TypeError naming the parameter."""
+    if config is None:
+        return GovernorConfig()
+    if isinstance(config, GovernorConfig):
+        return config
+    if isinstance(config, Mapping):
+        return GovernorConfig(**{str(k): v for k, v in config.items()})
+    raise TypeError(
+        f"config must be a loop_governor.GovernorConfig, a mapping of its settings or None, not {type(config).__name__}"
+    )
+
+
+def _check_callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable, not {type(value).__name__}")
+
+
 class Governor:
-    """Governs tool and model calls. Thread- and asyncio-safe; one per process is typical."""
+    """Governs tool and model calls. Thread- and asyncio-safe; one per process is typical.
+
+    ``config`` is a :class:`GovernorConfig` or a mapping of its settings
+    (``Governor({"retry_max_attempts": 2})``); ``None`` reads the environment
+    (``LOOP_GOVERNOR_*``) and ``LOOP_GOVERNOR_CONFIG_FILE``. ``lens`` is the trace
+    (:class:`~loop_governor.trace.Lens`) when ``trace_path`` is set, else a falsy object
+    whose ``close()`` and ``flush()`` do nothing."""
 
     def __init__(
         self,
-        config: GovernorConfig | None = None,
+        config: GovernorConfig | Mapping[str, Any] | None = None,
         *,
         store: Store | None = None,
         clock: Callable[[], float] | None = None,
@@ -69,7 +113,13 @@ class Governor:
         rules: list[Rule] | tuple[Rule, ...] = (),
         checkpoint_store: CheckpointStore | None = None,
     ) -> None:
-        config = config if config is not None else GovernorConfig()
+        config = _config_of(config)
+        for name, fn in (("clock", clock), ("sleep", sleep), ("asleep", asleep), ("random", random)):
+            _check_callable(name, fn)
+        if checkpoint_store is not None and not callable(getattr(checkpoint_store, "load", None)):
+            raise TypeError(f"checkpoint_store must be a CheckpointStore, not {type(checkpoint_store).__name__}")
+        if isinstance(rules, Rule) or not isinstance(rules, list | tuple):
+            raise TypeError(f"rules must be a list of loop_governor.Rule, not {type(rules).__name__}")
         if checkpoint_store is None and config.checkpoint_url:
             from loop_governor.checkpoint import checkpoint_store_from_url  # optional feature
 
@@ -90,7 +140,7 @@ class Governor:
         if hasattr(rt.store, "on_event"):
             # Redis outages and recoveries (fallback to local state) go to the trace.
             rt.store.on_event = self._store_event
-        self.lens: Any = None
+        self.lens: Any = _NoLens()
         if config.trace_path:
             from loop_governor import trace
 
@@ -109,6 +159,7 @@ class Governor:
             rt,
             [
                 Report(rt),
+                Refusals(rt),
                 *resume,
                 Withdrawn(rt),
                 KnownBad(rt),
@@ -218,9 +269,15 @@ class Governor:
 
     # -- task scope ----------------------------------------------------------------------
 
-    def task(self, task_id: str | None = None) -> TaskScope:
-        """Open a task scope: ``with g.task("id"):`` or ``async with g.task("id"):``."""
-        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex)
+    def task(self, task_id: str | None = None, *, resume: bool | None = None) -> TaskScope:
+        """Open a task scope: ``with g.task("id"):`` or ``async with g.task("id"):``.
+
+        With a checkpoint store, a task that did not finish resumes from its checkpoint;
+        one that finished starts over (``resume=True``: resume it anyway; ``False``:
+        always start over). See :class:`~loop_governor.scope.TaskScope`."""
+        if resume is not None and not isinstance(resume, bool):
+            raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
+        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex, resume)
 
     @staticmethod
     def current_task() -> TaskScope | None:

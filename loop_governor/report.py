@@ -45,6 +45,33 @@ def tool_error(
 _REFUSAL_FLAGS = {"known_bad": "known_bad", "breaker": "circuit_open", "rate_limited": "rate_limited"}
 
 
+class Refusals(Policy):
+    """A call refused without being made (open breaker, rate limit, a known-bad call
+    replayed) is a ``call_refused`` event, listened to or not: the ``loop_governor``
+    logger warns about it (:mod:`loop_governor.logs`). Runs on failures only."""
+
+    in_task_only = False
+    __slots__ = ("rt",)
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
+        if call.attempt or call.stop_reason not in _REFUSAL_FLAGS:
+            return error
+        info = error.info
+        self.rt.events.emit(
+            "call_refused",
+            tool=call.name,
+            kind=call.kind,
+            reason=_REFUSAL_FLAGS[call.stop_reason],
+            code=info.code,
+            message=info.message,
+            retry_after=info.retry_after,
+        )
+        return error
+
+
 class Report(Policy):
     """Emits the call's event once it has an outcome (only while someone listens)."""
 

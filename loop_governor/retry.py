@@ -145,6 +145,8 @@ class RetryLoop:
             delay_s=delay,
             error_type=info.error_type.value if info else None,
             signature=info.signature if info else None,
+            status=info.status if info else None,
+            code=info.code if info else None,
         )
 
     def tenacity_kwargs(self) -> dict[str, Any]:

@@ -9,24 +9,52 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Iterator
 from contextvars import Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from loop_governor.errors import FatalError
 from loop_governor.keys import call_key
 from loop_governor.progress import ProgressGuard
+from loop_governor.redaction import redact
 from loop_governor.scope_vars import _SCOPE
 
 if TYPE_CHECKING:
     from loop_governor.checkpoint import TaskCheckpoint
     from loop_governor.governor import Governor
 
-__all__ = ["TaskScope", "call_key"]
+__all__ = ["PARTIAL_RESULTS_MAX", "PARTIAL_RESULT_CHARS", "TaskScope", "call_key"]
+
+PARTIAL_RESULTS_MAX = 20  # the latest successful tool results a stop hands back
+PARTIAL_RESULT_CHARS = 2000  # each cut to this many characters (redacted)
+
+
+def _result_text(value: Any) -> str:
+    """A tool result as the text ``partial_results`` holds: a message's content, else
+    the string (or repr) of the value; redacted and cut."""
+    content = getattr(value, "content", None)
+    if isinstance(content, str):
+        value = content
+    text = value if isinstance(value, str) else repr(value)
+    text = text[: PARTIAL_RESULT_CHARS * 2]  # redaction works on a bounded text
+    text = redact(text)
+    return text if len(text) <= PARTIAL_RESULT_CHARS else text[: PARTIAL_RESULT_CHARS - 3] + "..."
+
+
+FINISHED_KEY = "finished_at"  # checkpoint metadata: when the task completed
 
 
 class TaskScope:
-    """Per-task counters; the durable per-task state (budget, known-bad) is in the store."""
+    """Per-task counters; the durable per-task state (budget, known-bad) is in the store.
+
+    With a checkpoint store, entering the scope resumes the task's checkpoint (completed
+    calls return their stored result, known-bad calls their stored error) only if that
+    task did not finish. A task that completes keeps its checkpoint, marked finished
+    (``metadata["finished_at"]``), until the same task id runs again: that run starts
+    over and replaces it (``resume=True`` resumes it anyway, ``resume=False`` never
+    resumes). ``loop-governor checkpoints rm`` deletes one."""
 
     __slots__ = (
         "_token",
@@ -44,21 +72,31 @@ class TaskScope:
         "progress",
         "results",
         "results_saved",
+        "resume",
         "started_at",
         "steps",
+        "stop",
         "task_id",
         "tokens",
         "told",
         "told_calls",
         "tool_calls",
+        "tool_results",
         "unavailable",
         "withdrawn",
         "world",
     )
 
-    def __init__(self, governor: Governor, task_id: str) -> None:
+    def __init__(self, governor: Governor, task_id: str, resume: bool | None = None) -> None:
         self.governor = governor
         self.task_id = task_id
+        # None: resume a checkpoint only if its task did not finish; True: resume it even
+        # if it did; False: start over (the old checkpoint is replaced)
+        self.resume = resume
+        self.stop: FatalError | None = None  # the stop that ended the task (set by stop_run)
+        # the latest successful tool results, (tool, value): redacted and cut only when a
+        # stop hands them back, so a success costs an append
+        self.tool_results: deque[tuple[str, Any]] = deque(maxlen=PARTIAL_RESULTS_MAX)
         self.steps = 0
         self.tool_calls = 0
         self.model_calls = 0
@@ -109,7 +147,14 @@ class TaskScope:
             # Resume: completed calls, known-bad calls and sub-results come back.
             from loop_governor.checkpoint import TaskCheckpoint  # optional feature, loaded on demand
 
-            self.checkpoint = checkpoints.load(self.task_id) or TaskCheckpoint(task_id=self.task_id)
+            loaded = checkpoints.load(self.task_id)
+            if loaded is not None and not self._resumes(loaded):
+                # A finished task's checkpoint does not answer a new run: start over.
+                checkpoints.delete(self.task_id)
+                loaded = None
+            if loaded is not None:
+                loaded.metadata.pop(FINISHED_KEY, None)  # running again: unfinished until it completes
+            self.checkpoint = loaded or TaskCheckpoint(task_id=self.task_id)
             self.results = self.checkpoint.results
             self.results_saved = len(self.results)
             self.steps = self.checkpoint.step
@@ -117,11 +162,49 @@ class TaskScope:
         self.governor.emit("task_start")
         return self
 
+    def _resumes(self, loaded: TaskCheckpoint) -> bool:
+        """Whether a stored checkpoint answers this run: only if its task did not finish,
+        unless ``resume`` says otherwise."""
+        if self.resume is not None:
+            return self.resume
+        return loaded.metadata.get(FINISHED_KEY) is None
+
+    def outcome(self, exc: BaseException | None = None) -> dict[str, Any]:
+        """How the task ended, for ``task_end``: ``outcome`` is ``completed``, ``stopped``
+        (a :class:`FatalError`: the governor or a fatal failure ended it) or ``failed``
+        (another exception left the task), with the error's class, code and redacted
+        reason."""
+        from loop_governor.checkpointing import stop_fields
+
+        stop: BaseException | None = self.stop
+        if stop is None and isinstance(exc, FatalError):
+            stop = exc
+        if stop is not None:
+            return {"outcome": "stopped", **stop_fields(stop)}
+        if exc is not None and isinstance(exc, Exception):
+            return {"outcome": "failed", **stop_fields(exc)}
+        if exc is not None:  # cancelled, interrupted
+            return {"outcome": "failed", "error_class": type(exc).__name__, "code": None, "reason": "cancelled"}
+        return {"outcome": "completed"}
+
+    def partial_results(self) -> list[Any]:
+        """What the task got done: the ``add_result`` values, then the latest successful
+        tool results as ``{"tool": name, "result": text}`` (bounded, redacted); see
+        :class:`~loop_governor.errors.FatalError`."""
+        out = list(self.results)
+        out.extend({"tool": tool, "result": _result_text(value)} for tool, value in list(self.tool_results))
+        return out
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         gov = self.governor
-        gov.emit("task_end", steps=self.steps, tool_calls=self.tool_calls, model_calls=self.model_calls)
+        outcome = self.outcome(exc)
+        if outcome["outcome"] == "completed" and self.checkpoint is not None:
+            # kept, marked finished: a new run of the same task id starts over
+            finished_at = gov.clock()
+            gov.update_checkpoint(self, lambda cp: cp.metadata.__setitem__(FINISHED_KEY, finished_at))
+        gov.emit("task_end", steps=self.steps, tool_calls=self.tool_calls, model_calls=self.model_calls, **outcome)
         if self._token is not None:
             _SCOPE.reset(self._token)
             self._token = None
@@ -160,7 +243,9 @@ class TaskScope:
         self.calls_by_tool[tool] = self.calls_by_tool.get(tool, 0) + 1
 
     def add_result(self, value: Any) -> None:
-        """Keep a sub-task result: delivered with BudgetExhaustedError if the task is cut short."""
+        """Keep a sub-task result: a stop (any :class:`~loop_governor.errors.FatalError`)
+        hands it back first in ``partial_results``, and with a checkpoint store it is
+        saved (JSON-checked, redacted) so a resume has it."""
         if self.checkpoint is None:
             self.results.append(value)
             return

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Annotated
+from urllib.parse import unquote, urlsplit
 
 import typer
 from rich.console import Console
@@ -23,21 +25,55 @@ from loop_governor.redaction import mask_url, redact
 from loop_governor.terminal import cell
 
 StoreOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--store",
-        envvar="LOOP_GOVERNOR_STORE_URL",
-        help="Checkpoint store URL: file:///dir, sqlite:///path.db, redis://host:port/db.",
+        help="Checkpoint store URL: file:///dir, sqlite:///path.db, redis://host:port/db. Default: the "
+        "governor's own checkpoint_url (LOOP_GOVERNOR_CHECKPOINT_URL, or LOOP_GOVERNOR_CONFIG_FILE).",
+        show_default=False,
     ),
 ]
 TaskArg = Annotated[str, typer.Argument(help="The task id.")]
 
 
-def _open(url: str) -> CheckpointStore:
+def _url(store: str | None) -> str:
+    """``--store``, else the checkpoint URL the governor itself would use (its config:
+    LOOP_GOVERNOR_CHECKPOINT_URL, the config file), so the CLI looks where the runs wrote."""
+    if store:
+        return store
+    from loop_governor.config import GovernorConfig
+
     try:
+        url = GovernorConfig().checkpoint_url
+    except Exception as exc:  # an invalid setting in the environment or the config file
+        raise typer.BadParameter(redact(str(exc)), param_hint="LOOP_GOVERNOR_*") from None
+    if not url:
+        raise typer.BadParameter(
+            "no checkpoint store: pass --store URL or set LOOP_GOVERNOR_CHECKPOINT_URL", param_hint="--store"
+        )
+    return url
+
+
+def _open(store: str | None) -> CheckpointStore:
+    """The store to read. A file or SQLite store that does not exist is a usage error
+    (exit 2), not an empty listing: ``file:///typo`` must not read as "0 checkpoints"."""
+    url = _url(store)
+    try:
+        _must_exist(url)
         return checkpoint_store_from_url(url)
     except (ValueError, CheckpointError, ImportError) as exc:
         raise typer.BadParameter(redact(str(exc)), param_hint="--store") from None
+
+
+def _must_exist(url: str) -> None:
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    path: Path | None = None
+    if scheme == "file":
+        path = Path(unquote(urlsplit(url).path))
+    elif scheme == "sqlite" and url.startswith("sqlite:///"):
+        path = Path(unquote(url[len("sqlite:///") :].split("?", 1)[0]))
+    if path is not None and str(path) and not path.exists():
+        raise ValueError(f"no checkpoint store at {mask_url(url)}: {path} does not exist")
 
 
 def _when(ts: float | None) -> str:
@@ -51,13 +87,13 @@ def _preview(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def ls(store: StoreOption) -> None:
+def ls(store: StoreOption = None) -> None:
     """List the tasks with a checkpoint: version, step, completed and known-bad calls."""
     console = Console()
     backend = _open(store)
     try:
         ids = backend.list()
-        table = Table(title=f"checkpoints in {cell(mask_url(store))}", title_justify="left")
+        table = Table(title=f"checkpoints in {cell(mask_url(_url(store)))}", title_justify="left")
         table.add_column("task id", overflow="fold")
         for name in ("version", "step", "completed", "known-bad", "results"):
             table.add_column(name, justify="right")
@@ -100,7 +136,7 @@ def ls(store: StoreOption) -> None:
 
 def show(
     task_id: TaskArg,
-    store: StoreOption,
+    store: StoreOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the checkpoint as JSON.")] = False,
 ) -> None:
     """Show one checkpoint: completed calls, known-bad calls and sub-task results."""
@@ -148,7 +184,7 @@ def show(
 
 def rm(
     task_id: TaskArg,
-    store: StoreOption,
+    store: StoreOption = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Remove a task's checkpoint (the task will start from scratch next time)."""

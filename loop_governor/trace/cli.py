@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from loop_governor.terminal import cell
-from loop_governor.trace.report import render_report, skipped_note
+from loop_governor.trace.report import render_report, runs_apart, skipped_note
 from loop_governor.trace.store import load_trace
 
 
@@ -30,6 +30,13 @@ def report(
         f"{len(loaded.anomalies)} anomalies"
         + (f", {skipped_note(loaded)}" if loaded.skipped_lines or loaded.skipped_snapshot_lines else "")
     )
+    for end in runs_apart(loaded).of("task_end"):
+        if end.get("outcome") not in (None, "completed"):
+            # how a task ended, on the terminal too: a stop must not hide behind the counts
+            console.print(
+                f"task {cell(end.get('task_id'))} {cell(end.get('outcome'))}: "
+                f"{cell(end.get('error_class') or '')} {cell(end.get('reason') or '')}"
+            )
 
 
 def register(app: typer.Typer) -> None:

@@ -27,6 +27,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -80,6 +81,9 @@ class Lens:
         budget: TraceBudget | None = None,
     ) -> None:
         self.path = Path(path) if path is not None else None
+        # Every record this Lens writes carries it: runs appended to one trace file stay
+        # apart in the report (turns numbered per run, not 1,2,3,1,2 across runs).
+        self.run_id = uuid.uuid4().hex[:12]
         self.budget = budget = budget or TraceBudget()
         self._writer = JsonlWriter(self.path, budget) if self.path is not None else None
         self._bridge = SpanBridge(tracer_provider) if spans else None
@@ -285,6 +289,7 @@ class Lens:
         record, seq, snapshots, now, ambient = item
         clean = self._record_redactor.record(record)
         clean["seq"] = seq
+        clean["run_id"] = self.run_id
         if self._writer is not None:
             try:
                 if snapshots:

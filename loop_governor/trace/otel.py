@@ -50,13 +50,16 @@ ATTR_MODEL_ATTEMPTS = "loop_governor.model.attempts"
 ATTR_MODEL_WAITED = "loop_governor.model.waited_s"
 ATTR_MODEL_ENDPOINT = "loop_governor.model.endpoint"
 ATTR_USAGE_ESTIMATED = "loop_governor.usage.estimated"
+ATTR_OUTCOME = "loop_governor.task.outcome"  # completed / stopped / failed
+ATTR_STOP_CODE = "loop_governor.stop.code"
+ATTR_STOP_REASON = "loop_governor.stop.reason"
 
 _INVOKE_AGENT = GenAiOperationNameValues.INVOKE_AGENT.value
 _CHAT = GenAiOperationNameValues.CHAT.value
 _EXECUTE_TOOL = GenAiOperationNameValues.EXECUTE_TOOL.value
 
 # Fields every record has, not worth repeating as span-event attributes.
-_ENVELOPE = frozenset({"event", "ts", "seq", "task_id"})
+_ENVELOPE = frozenset({"event", "ts", "seq", "task_id", "run_id"})
 
 
 def _ns(seconds: Any) -> int:
@@ -168,6 +171,18 @@ class SpanBridge:
         steps = record.get("steps")
         if isinstance(steps, int):
             span.set_attribute(ATTR_STEPS, steps)
+        outcome = record.get("outcome")
+        if isinstance(outcome, str):
+            span.set_attribute(ATTR_OUTCOME, outcome)
+            if outcome != "completed":
+                # the run span says how it ended: error.type is the stop's class
+                span.set_attribute(ERROR_TYPE, str(record.get("error_class") or outcome))
+                if record.get("code") is not None:
+                    span.set_attribute(ATTR_STOP_CODE, str(record.get("code")))
+                reason = str(record.get("reason") or "")
+                if reason:
+                    span.set_attribute(ATTR_STOP_REASON, reason)
+                span.set_status(Status(StatusCode.ERROR, f"{outcome}: {reason}"[:500]))
         span.end(end_time=now_ns)
 
     def _model_call(self, record: Mapping[str, Any], now_ns: int, ambient: Context | None) -> None:

@@ -9,6 +9,7 @@ script is a few lines that open the prompt a chart bar links to.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from collections.abc import Collection, Iterable, Sequence
@@ -423,8 +424,95 @@ def skipped_note(trace: Trace) -> str:
     return ", ".join(parts)
 
 
+def runs_apart(trace: Trace) -> Trace:
+    """``trace`` with each run of a task under a task id of its own.
+
+    Runs appended to one trace file (a script run twice, two processes) may reuse a task
+    id; merged, their turns read 1,2,3,1,2. A run is a Lens's ``run_id`` (one per trace
+    open) and, within it, one ``task_start`` to the next for the same task id (older
+    traces without run ids split on ``task_start`` alone). A task id with one run is
+    left as it is; otherwise each run reads ``"<task id> · run <n>"``."""
+    current: dict[tuple[Any, Any], int] = {}  # (run_id, task_id) -> its run number
+    runs: dict[Any, int] = {}  # task_id -> how many runs it has
+    numbered: list[int | None] = []
+    for e in trace.events:
+        task = e.get("task_id")
+        if task is None:
+            numbered.append(None)
+            continue
+        key = (e.get("run_id"), task)
+        if key not in current or e.get("event") == "task_start":
+            runs[task] = current[key] = runs.get(task, 0) + 1
+        numbered.append(current[key])
+    if all(n <= 1 for n in runs.values()):
+        return trace
+    events = []
+    for e, n in zip(trace.events, numbered, strict=True):
+        task = e.get("task_id")
+        events.append(e if n is None or runs[task] <= 1 else {**e, "task_id": f"{task} · run {n}"})
+    return dataclasses.replace(trace, events=events)
+
+
+def _how_tasks_ended(events: Sequence[dict[str, Any]], tasks: Sequence[Any]) -> tuple[str, int]:
+    """The first-screen table: how each task ended and why (``task_end``'s outcome, or
+    ``run_stopped`` for a stop outside a task); and how many did not complete."""
+    ends = {e.get("task_id"): e for e in events if e.get("event") == "task_end"}
+    stops: dict[Any, dict[str, Any]] = {}
+    for e in events:
+        if e.get("event") == "run_stopped":
+            stops.setdefault(e.get("task_id"), e)
+    rows = []
+    bad = 0
+    for task in tasks:
+        end = ends.get(task)
+        stop = stops.get(task)
+        if end is not None and end.get("outcome"):
+            outcome = str(end.get("outcome"))
+            why_from: dict[str, Any] | None = end if outcome != "completed" else None
+        elif end is not None:
+            outcome, why_from = ("stopped", stop) if stop is not None else ("ended", None)
+        else:
+            outcome, why_from = ("stopped" if stop is not None else "unfinished (no task_end)"), stop
+        if outcome != "completed":
+            bad += 1
+        why = ""
+        if why_from is not None:
+            code = why_from.get("code")
+            why = f"{why_from.get('error_class') or ''}{f' [{code}]' if code else ''}: {why_from.get('reason') or ''}"
+        rows.append((task, outcome, why, end.get("steps", "") if end else "", end.get("tool_calls", "") if end else ""))
+    outside = stops.get(None)
+    if outside is not None:
+        bad += 1
+        rows.append(("(no task)", "stopped", f"{outside.get('error_class')}: {outside.get('reason')}", "", ""))
+    if not rows:
+        return '<p class="muted">No tasks.</p>', 0
+    return _table(["task", "outcome", "why", "steps", "tool calls"], rows, {3, 4}), bad
+
+
+def _failed_model_calls(calls: Sequence[dict[str, Any]]) -> str:
+    failed = [c for c in calls if c.get("status") == "error"]
+    if not failed:
+        return '<p class="muted">No failed model calls.</p>'
+    rows = [
+        (
+            c.get("task_id"),
+            c.get("model") or c.get("endpoint"),
+            c.get("http_status") or "",
+            c.get("error_code") or "",
+            c.get("error_type") or "",
+            c.get("stop_reason") or "",
+            _num(c.get("attempts")),
+            c.get("signature") or "",
+        )
+        for c in failed
+    ]
+    return _table(["task", "model", "HTTP", "code", "type", "ended by", "attempts", "signature"], rows, {6})
+
+
 def render_report(trace: Trace, title: str | None = None) -> str:
-    """The HTML text of the report for ``trace``."""
+    """The HTML text of the report for ``trace``: first how each task ended and why,
+    and the failed model calls; then tokens, the timeline, anomalies and every prompt."""
+    trace = runs_apart(trace)
     events = trace.events
     calls = trace.model_calls
     tools = trace.tool_calls
@@ -455,9 +543,13 @@ def render_report(trace: Trace, title: str | None = None) -> str:
         return f'<div class="{cls}"><div class="v">{_e(value)}</div><div class="k">{_e(label)}</div></div>'
 
     cached_share = f"{total_cached / total_in:.0%}" if total_in else "–"
+    ended_html, not_completed = _how_tasks_ended(events, tasks)
+    failed_calls = sum(1 for c in calls if c.get("status") == "error")
     cards = "".join(
         [
             card("tasks", len(tasks)),
+            card("not completed", not_completed, bad=not_completed > 0),
+            card("failed model calls", failed_calls, bad=failed_calls > 0),
             card("model calls", len(calls)),
             card("input tokens", f"{total_in:,}"),
             card("cached share", cached_share, bad=bool(total_in) and total_cached == 0 and len(calls) > 1),
@@ -530,6 +622,8 @@ def render_report(trace: Trace, title: str | None = None) -> str:
         f'<header><h1>{_e(name)}</h1><div class="sub">{len(events)} events · '
         f"{len(trace.snapshots)} distinct messages{_e(skipped)}</div></header><main>"
         f'<div class="cards">{cards}</div>'
+        f"<section><h2>How each task ended</h2>{ended_html}</section>"
+        f"<section><h2>Failed model calls</h2>{_failed_model_calls(calls)}</section>"
         f"<section><h2>Tokens per turn</h2>{_tokens_chart(calls, flagged)}</section>"
         f"<section><h2>Tool-call timeline</h2>{_timeline(events)}</section>"
         f"<section><h2>Anomalies</h2>{anomaly_html}</section>"

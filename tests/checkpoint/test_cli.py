@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import loop_governor as lg
 from loop_governor.checkpoint import FileCheckpointStore, SQLiteCheckpointStore, TaskCheckpoint
 from loop_governor.cli import app
 from loop_governor.errors import ErrorType, GovernedError
@@ -86,7 +87,9 @@ def test_rm_asks_then_removes(store_url: str, tmp_path: Path) -> None:
 def test_store_url_from_the_environment_and_sqlite(tmp_path: Path) -> None:
     SQLiteCheckpointStore(tmp_path / "c.db").save(TaskCheckpoint(task_id="in-sqlite"))
     result = runner.invoke(
-        app, ["checkpoints", "ls"], env={"LOOP_GOVERNOR_STORE_URL": f"sqlite:///{tmp_path}/c.db", "COLUMNS": "200"}
+        app,
+        ["checkpoints", "ls"],
+        env={"LOOP_GOVERNOR_CHECKPOINT_URL": f"sqlite:///{tmp_path}/c.db", "COLUMNS": "200"},
     )
     assert result.exit_code == 0, result.output
     assert "in-sqlite" in result.output
@@ -95,6 +98,28 @@ def test_store_url_from_the_environment_and_sqlite(tmp_path: Path) -> None:
 def test_bad_store_url_is_a_usage_error() -> None:
     result = runner.invoke(app, ["checkpoints", "ls", "--store", "ftp://nowhere"])
     assert result.exit_code == 2
+
+
+def test_a_store_that_does_not_exist_is_a_usage_error_not_an_empty_list(tmp_path: Path) -> None:
+    for url in (f"file://{tmp_path}/typo", f"sqlite:///{tmp_path}/typo.db"):
+        result = runner.invoke(app, ["checkpoints", "ls", "--store", url], env={"COLUMNS": "1000"})
+        assert result.exit_code == 2, result.output
+        assert "does not exist" in result.output and "0 checkpoint(s)" not in result.output
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "typo.db").exists()  # nothing created
+
+
+def test_ls_reads_the_checkpoint_url_the_governor_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the same config as the governor: LOOP_GOVERNOR_CHECKPOINT_URL (not the fleet store's URL)
+    url = f"file://{tmp_path}/cps"
+    monkeypatch.setenv("LOOP_GOVERNOR_CHECKPOINT_URL", url)
+    with lg.Governor().task("written-by-the-governor"):
+        pass
+    result = runner.invoke(app, ["checkpoints", "ls"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "written-by-the-governor" in result.output and "1 checkpoint(s)" in result.output
+    monkeypatch.delenv("LOOP_GOVERNOR_CHECKPOINT_URL")
+    missing = runner.invoke(app, ["checkpoints", "ls"], env={"COLUMNS": "200"})
+    assert missing.exit_code == 2 and "LOOP_GOVERNOR_CHECKPOINT_URL" in missing.output
 
 
 def test_ls_shows_a_corrupt_long_id_checkpoint(store_url: str, tmp_path: Path) -> None:

@@ -109,9 +109,11 @@ def test_model_text_is_stable_compact_and_bounded() -> None:
     text = info.to_model_text()
     assert text == lg.GovernedError.model_validate_json(info.model_dump_json()).to_model_text()
     body = json.loads(text)["error"]
-    assert list(body) == ["type", "retryable", "tool", "status", "message", "attempts", "advice"]
+    assert list(body) == ["type", "outcome", "tool", "status", "message", "attempts", "advice"]
+    assert body["outcome"] == "retries exhausted: 3 attempts"
     assert len(body["message"]) <= 500
-    assert " " not in text.split('"message"')[0]
+    head = text.split('"message"')[0]
+    assert ', "' not in head and '": ' not in head  # compact separators
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,8 @@ def test_transient_forever_gives_one_structured_outcome(gov: lg.Governor) -> Non
     body = json.loads(err.value.info.to_model_text())["error"]
     assert body["type"] == "transient"
     assert body["attempts"] == 3
-    assert body["retryable"] is False
+    assert body["outcome"] == "retries exhausted: 3 attempts"
+    assert "retryable" not in body  # not "transient" beside "retryable": false
     assert "search" in body["advice"]
 
 
@@ -183,12 +184,17 @@ def test_model_insisting_on_known_bad_call_is_told_to_stop(gov: lg.Governor) -> 
     backend = Backend(forever=HTTPError(404))
     with gov.task("t"):
         raised = []
-        for _ in range(3):
+        for _ in range(2):
             with pytest.raises(lg.PermanentError) as err:
                 gov.call("fetch_doc", backend, 7)
             raised.append(err.value)
+        # the third identical call ends the run: a FatalError, never a PermanentError
+        with pytest.raises(lg.NoProgressError) as stop:
+            gov.call("fetch_doc", backend, 7)
     assert backend.calls == 1
-    assert isinstance(raised[-1], lg.LoopDetectedError)
+    assert isinstance(stop.value, lg.FatalError) and not isinstance(stop.value, lg.PermanentError)
+    assert stop.value.code == "repeated_failure"
+    assert str(stop.value).startswith("loop-governor stopped the run: fetch_doc (repeated_failure): ")
 
 
 def test_retry_after_is_honoured_up_to_the_cap(gov: lg.Governor, clock: VirtualClock) -> None:
@@ -242,7 +248,8 @@ def test_max_steps_caps_tool_calls_and_keeps_partial_results(clock: VirtualClock
             for i in range(10):
                 scope.add_result(gov.call("step", backend, i))
     assert backend.calls == 4
-    assert err.value.partial_results == ["ok"] * 4
+    # add_result's values first, then the task's successful tool results
+    assert err.value.partial_results == ["ok"] * 4 + [{"tool": "step", "result": "ok"}] * 4
     assert isinstance(err.value, lg.FatalError)
 
 

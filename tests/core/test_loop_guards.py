@@ -31,9 +31,12 @@ def test_never_satisfied_critic_is_warned_withdrawn_then_stopped(gov: lg.Governo
     assert "the next identical verdict withdraws critic from your tools" in seen[2]
     assert "critic is now withdrawn" in seen[3] and "Calling it again ends the task" in seen[3]
     assert scope.withdrawn.keys() == {"critic"}
-    assert isinstance(err.value, lg.FatalError) and isinstance(err.value, lg.LoopDetectedError)
-    assert err.value.info.code == "no_progress" and "ToolPolicy(poll=True)" in err.value.info.message
-    assert err.value.partial_results == ["draft 0"]
+    assert isinstance(err.value, lg.FatalError) and not isinstance(err.value, lg.PermanentError)
+    assert err.value.code == "no_progress" and "ToolPolicy(poll=True)" in err.value.info.message
+    # what add_result recorded first, then the task's successful tool results (redacted text)
+    assert err.value.partial_results[0] == "draft 0"
+    assert [r["tool"] for r in err.value.partial_results[1:]] == ["critic"] * 4
+    assert err.value.partial_results[1]["result"] == VERDICT
 
 
 def test_a_verdict_that_changes_only_a_number_or_time_is_no_progress(gov: lg.Governor) -> None:

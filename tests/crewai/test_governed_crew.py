@@ -51,7 +51,8 @@ def test_governed_503_reaches_backend_at_most_8_times(kit: Any, native: bool, mo
     errors = kit.governed_errors(llm)
     assert len(errors) == 4
     assert {e["type"] for e in errors} == {"transient"}
-    assert all(e["tool"] == "search_docs" and e["retryable"] is False for e in errors)
+    assert all(e["tool"] == "search_docs" and "retryable" not in e for e in errors)
+    assert errors[0]["outcome"] == f"retries exhausted: {governor.config.retry_max_attempts} attempts"
     # the first request was retried inside the governor; the model saw one outcome
     assert errors[0]["status"] == 503 and errors[0]["attempts"] == governor.config.retry_max_attempts
     # crewAI recorded the failures as the tool's own (raised), carrying the governor's JSON

@@ -211,12 +211,12 @@ def test_a_checkpointed_tool_message_is_restored_with_every_field(lc: Any, tmp_p
         model = lc.ScriptedChatModel(
             script=lc.call_tool_until("lookup", 1, lambda i: {"customer": "acme"}, call_id=lambda n: f"call_{n}")
         )
-        agent = create_agent(model, [lookup], middleware=[GovernorMiddleware(gov)])
+        agent = create_agent(model, [lookup], middleware=[GovernorMiddleware(gov, resume=True)])
         out = agent.invoke({"messages": [("user", "who")]}, thread("crm-1"))
         return lc.tool_messages(out["messages"])
 
     first = run()
-    again = run()  # same task id: the result comes from the checkpoint
+    again = run()  # same task id, resume=True: the result comes from the checkpoint
     assert runs == ["acme"]
     for message in (first[0], again[0]):
         assert message.id == "msg-7" and message.tool_call_id == "call_0"

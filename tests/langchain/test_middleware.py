@@ -98,7 +98,7 @@ def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(mode: str, lc: An
     errors = errors_in(model.prompts[-1])
     assert any(e.get("code") == "circuit_open" for e in errors)
     last = errors[-1]
-    assert last["retryable"] is False
+    assert last["outcome"] == "not attempted" and "retryable" not in last  # refused: no request made
     assert "fetch_page" in last["advice"] and "ends the task" in last["advice"]
     assert len(model.prompts) < 10
 

@@ -63,6 +63,16 @@ def make_governor(tmp_path: Path, clock: VirtualClock) -> Iterator[Callable[...,
             gov.lens.close()
 
 
+def added(partial_results: list[Any]) -> list[Any]:
+    """What ``add_result`` recorded (partial results also hold the tool results after it)."""
+    return [r for r in partial_results if "tool" not in r]
+
+
+def tool_results(partial_results: list[Any]) -> list[str]:
+    """The tools whose successful results the partial results hand back."""
+    return [r["tool"] for r in partial_results if "tool" in r]
+
+
 def failed_model_calls(gov: lg.Governor) -> list[dict[str, Any]]:
     gov.lens.flush()
     trace = load_trace(gov.config.trace_path)
@@ -112,7 +122,8 @@ def test_langchain_fatal_reaches_the_provider_once_and_stops_with_partial_result
     with pytest.raises(lg.FatalError) as stop:
         run(agent_for(openai_server, gov))
     assert openai_server.count() == 2  # one success, then the fatal error exactly once
-    assert stop.value.partial_results == [{"page": 0}]
+    assert added(stop.value.partial_results) == [{"page": 0}]
+    assert tool_results(stop.value.partial_results) == ["fetch_page"]
     (failed,) = failed_model_calls(gov)
     assert failed["error_type"] == "fatal" and failed["attempts"] == 1
 
@@ -241,7 +252,8 @@ def test_crewai_fatal_reaches_the_provider_once_and_stops_with_partial_results(
     with pytest.raises(lg.FatalError) as stop, install(gov):
         crew_for(openai_server, gov).kickoff()
     assert openai_server.count() == 2  # crewAI's own LLM retry, its agent retries and the SDK's: none
-    assert stop.value.partial_results == [{"page": 0}]
+    assert added(stop.value.partial_results) == [{"page": 0}]
+    assert tool_results(stop.value.partial_results) == ["fetch_page"]
     (failed,) = failed_model_calls(gov)
     assert failed["error_type"] == "fatal" and failed["attempts"] == 1
 
@@ -289,7 +301,7 @@ def test_crewai_token_budget_stops_within_one_request_of_crossing(
     crossed = next(i for i, t in enumerate(totals) if t >= 5000)
     assert len(served) == crossed + 1  # the request that crossed was the last one sent
     # ... and the tool call its reply asked for was refused too: budgets gate every call
-    assert spent.value.partial_results == [{"page": p} for p in range(len(served) - 1)]
+    assert added(spent.value.partial_results) == [{"page": p} for p in range(len(served) - 1)]
 
 
 def test_crewai_context_length_exceeded_once_retries_a_shorter_request(
@@ -492,4 +504,5 @@ def test_crewai_akickoff_fatal_reaches_the_provider_once(
     with pytest.raises(lg.FatalError) as stop:
         asyncio.run(main())
     assert openai_server.count() == 2
-    assert stop.value.partial_results == [{"page": 0}]
+    assert added(stop.value.partial_results) == [{"page": 0}]
+    assert tool_results(stop.value.partial_results) == ["fetch_page"]

@@ -92,8 +92,16 @@ class GovernedError(BaseModel):
         return f"retries exhausted: {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
 
     def to_model_text(self) -> str:
-        """Compact, stable JSON ``{"error": {...}}``; ``None`` fields are left out."""
-        body: dict[str, Any] = {"type": self.error_type.value, "outcome": self.outcome_text()}
+        """Compact, stable JSON ``{"error": {...}}``; ``None`` fields are left out.
+
+        The tool's own message comes first: a model reading "Brake pedal must be pressed"
+        before anything else fixes the cause (measured with a small local model: after the
+        classification first, it never pressed the brake)."""
+        body: dict[str, Any] = {
+            "message": self.message,
+            "type": self.error_type.value,
+            "outcome": self.outcome_text(),
+        }
         if self.retryable:
             body["retryable"] = True  # a client's own retry may help (kept for readers keyed on it)
         if self.tool is not None:
@@ -102,7 +110,6 @@ class GovernedError(BaseModel):
             body["status"] = self.status
         if self.code is not None:
             body["code"] = self.code
-        body["message"] = self.message
         body["attempts"] = self.attempts
         if self.retry_after is not None:
             # whole seconds: a Retry-After date recomputed a moment later gives the same bytes

@@ -81,6 +81,19 @@ def _guard(e: Mapping[str, Any]) -> str:
     return f"loop guard on {_s(e.get('tool'))}: {what or 'repeated call'} ({_s(count)}); {action}"
 
 
+def _escalation(e: Mapping[str, Any]) -> str:
+    action, subject = _s(e.get("action") or "warn"), _s(e.get("subject"))
+    left = f"; {_s(e.get('remaining'))} more before the next step" if e.get("remaining") is not None else ""
+    return f"escalation on {_s(e.get('tool'))} ({subject}): {action}{left}"
+
+
+def _withdrawn(e: Mapping[str, Any]) -> str:
+    return (
+        f"withdrew {_s(e.get('tool'))} from the model for the rest of the task ({_s(e.get('code'))}): "
+        f"{_s(e.get('reason'))}; calling it again ends the run"
+    )
+
+
 def _refused(e: Mapping[str, Any]) -> str:
     wait = e.get("retry_after")
     tail = f"; retry in {_secs(wait)}" if wait is not None else ""
@@ -113,6 +126,8 @@ MESSAGES: dict[str, tuple[int, Callable[[Mapping[str, Any]], str]]] = {
     "no_progress": (INFO, _guard),
     "cycle": (INFO, _guard),
     "loop_detected": (INFO, _guard),
+    "escalation": (INFO, _escalation),
+    "tool_withdrawn": (WARNING, _withdrawn),
     "store_fallback": (WARNING, _store),
     "store_recovered": (INFO, _store),
     "checkpoint_failed": (WARNING, _checkpoint_failed),

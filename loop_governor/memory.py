@@ -54,7 +54,10 @@ Reason = Literal["governed_error", "traceback", "failed_result"]
 
 # The governor's model-facing JSON (GovernedError.to_model_text), also when it sits escaped
 # inside another JSON string (a tool result quoted into a record).
-_GOVERNED_JSON = re.compile(r'\{\\*"error\\*":\s*\{\\*"type\\*":\s*\\*"(?:transient|permanent|fatal)\\*"')
+# Whatever its key order (it opens with the tool's message).
+_GOVERNED_JSON = re.compile(
+    r'\{\\*"error\\*":\s*\{.{0,4000}?\\*"type\\*":\s*\\*"(?:transient|permanent|fatal)\\*"', re.S
+)
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):|^\s*File \"[^\"\n]+\", line \d+, in ", re.M)
 # Keys a record carries its own failure mark under.
 _STATUS_KEYS = ("status", "tool_status")

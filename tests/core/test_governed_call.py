@@ -184,11 +184,12 @@ def test_model_insisting_on_known_bad_call_is_told_to_stop(gov: lg.Governor) -> 
     backend = Backend(forever=HTTPError(404))
     with gov.task("t"):
         raised = []
-        for _ in range(2):
+        for _ in range(3):  # told, answered from memory, withdrawn
             with pytest.raises(lg.PermanentError) as err:
                 gov.call("fetch_doc", backend, 7)
             raised.append(err.value)
-        # the third identical call ends the run: a FatalError, never a PermanentError
+        assert "fetch_doc is now withdrawn" in (raised[-1].info.advice or "")
+        # calling the withdrawn tool ends the run: a FatalError, never a PermanentError
         with pytest.raises(lg.NoProgressError) as stop:
             gov.call("fetch_doc", backend, 7)
     assert backend.calls == 1

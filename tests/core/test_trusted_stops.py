@@ -171,7 +171,7 @@ def test_parallel_calls_of_one_turn_are_one_decision(clock: VirtualClock) -> Non
                 gov.call("get_order", backend, "#W1")
             assert not isinstance(err.value, lg.FatalError)
         assert scope.withdrawn == {}  # the model was never told between them
-        for _ in range(3):  # the next turns repeat it after being told: the ladder climbs
+        for _ in range(2):  # the next turns repeat it after being told: the ladder climbs
             gov.count_step("model")
             with pytest.raises(lg.PermanentError):
                 gov.call("get_order", backend, "#W1")

@@ -123,7 +123,7 @@ def test_except_permanent_first_does_not_swallow_a_stop(gov: lg.Governor) -> Non
     with gov.task("t"):
         for round_ in range(20):
             try:
-                calls.append(gov.call("critic", lambda draft: "still weak: add the numbers section", round_))
+                calls.append(gov.call("critic", lambda draft: "still weak: add the numbers section", "the draft"))
             except lg.PermanentError:  # written first, as users do
                 continue
             except lg.FatalError as stop:

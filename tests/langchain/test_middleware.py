@@ -99,7 +99,7 @@ def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(mode: str, lc: An
     assert any(e.get("code") == "circuit_open" for e in errors)
     last = errors[-1]
     assert last["outcome"] == "not attempted" and "retryable" not in last  # refused: no request made
-    assert "fetch_page" in last["advice"] and "ends the task" in last["advice"]
+    assert "withdraws fetch_page from your tools" in last["advice"]  # the ladder's next step, then the stop
     assert len(model.prompts) < 10
 
 

@@ -85,7 +85,7 @@ def test_a_failed_tool_result_never_reaches_the_store(
     memory.drain_writes()
 
     assert len(calls) == 2
-    assert '"error":{"type":"permanent"' in out.tasks_output[0].raw  # the crew did relay the failure
+    assert '"type":"permanent"' in out.tasks_output[0].raw  # the crew did relay the failure
     stored = [r.content for r in lance.list_records()]
     assert len(stored) == 1 and "metric units are the default" in stored[0]
     assert not any('"error"' in s for s in stored)
@@ -103,7 +103,7 @@ def test_the_same_crew_without_the_wrapper_stores_the_failure(tmp_path: Any, gov
     memory.drain_writes()
 
     stored = [r.content for r in lance.list_records()]
-    assert len(stored) == 2 and any('"error":{"type":"permanent"' in s for s in stored)
+    assert len(stored) == 2 and any('"type":"permanent"' in s for s in stored)
     memory.close()
 
 

@@ -193,7 +193,7 @@ def test_create_agent_with_a_bare_store_remembers_the_failure(governor: lg.Gover
     _agent(inner, governor, mk).invoke({"messages": [("user", "remember my units")]})
 
     facts = [i.value["fact"] for i in inner.search(("memories", "u1"))]
-    assert len(facts) == 2 and any('"error":{"type":"permanent"' in f for f in facts)
+    assert len(facts) == 2 and any('"type":"permanent"' in f for f in facts)
 
 
 def test_an_agent_whose_store_is_down_completes(

@@ -166,11 +166,17 @@ class Checkpointing(Policy):
 
     def before(self, call: Call) -> Resumed | None:
         scope = call.scope
-        if scope is None or scope.checkpoint is None:
+        if scope is None or scope.checkpoint is None or not scope.resumable or call.policy.poll:
             return None
-        found, value = scope.checkpoint.get_result(call.key)
+        key = call.key
+        if key not in scope.resumable or scope.world:
+            # made in this run, or asked again after something changed state since the
+            # resume: the call runs for real (a poll always does)
+            return None
+        found, value = scope.checkpoint.get_result(key)
         if not found:
             return None
+        scope.resumable.discard(key)  # answered once: asked again, it runs
         rt = self.rt
         if rt.events.emitting:
             rt.events.emit(

@@ -115,7 +115,7 @@ def _run_governed(console: Console) -> tuple[int, list[list[str]], float]:
                 except AgentToolError as exc:
                     text = exc.info.to_model_text()
                     rows.append([tool_name, str(attempt), str(tool.calls - before), text])
-                    if not json.loads(text)["error"]["retryable"]:
+                    if not json.loads(text)["error"].get("retryable", False):
                         break  # the model follows the structured advice and moves on
     return sum(t.calls for t in tools.values()), rows, clock.now
 

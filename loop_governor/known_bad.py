@@ -96,6 +96,10 @@ class KnownBad(Policy):
                 info = GovernedError.model_validate_json(stored)
         if info is None or (memory is not None and memory.retired(call, scope.world)):
             return None
+        if scope.world and not call.policy.stateless and (memory is None or call.key not in memory.local):
+            # recorded before this run (a checkpoint being resumed) or by another process (a
+            # fleet's store): something here changed state since, so the call runs again
+            return None
         call.stop_reason = "known_bad"
         raise error_from_info(info)
 

@@ -72,6 +72,7 @@ class TaskScope:
         "progress",
         "results",
         "results_saved",
+        "resumable",
         "resume",
         "started_at",
         "steps",
@@ -112,6 +113,9 @@ class TaskScope:
         self.known_bad = 0
         self.results: list[Any] = []
         self.results_saved = 0  # how many of ``results`` the checkpoint store already has
+        # the calls a resume may answer from the checkpoint: those completed before this run
+        # (not a call this run made: a poll, or a re-check after a fix, runs again)
+        self.resumable: set[str] = set()
         self.started_at = 0.0
         self.checkpoint: TaskCheckpoint | None = None
         # Held while the checkpoint is recorded into and saved (Governor.update_checkpoint).
@@ -155,6 +159,7 @@ class TaskScope:
             if loaded is not None:
                 loaded.metadata.pop(FINISHED_KEY, None)  # running again: unfinished until it completes
             self.checkpoint = loaded or TaskCheckpoint(task_id=self.task_id)
+            self.resumable = set(self.checkpoint.completed)
             self.results = self.checkpoint.results
             self.results_saved = len(self.results)
             self.steps = self.checkpoint.step

@@ -253,3 +253,24 @@ def test_a_batch_of_lookups_with_the_same_answer_is_not_a_loop(gov: lg.Governor)
     with gov.task("batch"):
         for order_id in ("A-17", "B-22", "C-9", "D-41", "E-3", "F-8"):
             gov.call("order_status", order_status, order_id)
+
+
+def test_with_checkpoints_a_live_run_polls_for_real_and_a_resume_retires_old_failures(
+    clock: VirtualClock, tmp_path: Any
+) -> None:
+    config = lg.GovernorConfig(checkpoint_url=f"file://{tmp_path}", tools={"job_status": lg.ToolPolicy(poll=True)})
+    states = iter(["running", "running", "done"])
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    with gov.task("t", resume=True):
+        polled = [gov.call("job_status", lambda job: next(states), "J-1") for _ in range(3)]
+        car = Car()
+        with pytest.raises(lg.PermanentError):
+            gov.call("start_engine", car.start_engine)
+    assert polled == ["running", "running", "done"]  # not answered from the checkpoint
+    again = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    with again.task("t", resume=True):  # the task did not finish: resumed, its failure comes back
+        with pytest.raises(lg.PermanentError):
+            again.call("start_engine", car.start_engine)  # nothing changed since: from memory
+        again.call("press_brake", car.press_brake)
+        assert again.call("start_engine", car.start_engine) == "engine running"
+    assert car.starts == 2

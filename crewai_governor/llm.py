@@ -32,11 +32,11 @@ from pydantic import PrivateAttr
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
-from crewai_governor.failures import context_overflow, model_stop, stop_error
+from crewai_governor.failures import context_overflow, model_stop
 from loop_governor.compaction import is_context_overflow
 from loop_governor.context.compact import emergency_compact
 from loop_governor.context.tokens import approx_tokens
-from loop_governor.ladder import nothing_left
+from loop_governor.ladder import offered
 from loop_governor.usage import Usage
 
 __all__ = ["endpoint_of", "govern_llm", "governor_of_llm", "is_governed_llm"]
@@ -114,17 +114,16 @@ def _tool_name(schema: Any) -> str:
 def _offered(governor: lg.Governor, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keyword arguments with the task's withdrawn tools taken out of the tool
     schemas the model is offered (the ladder's step before a stop,
-    :mod:`loop_governor.ladder`); when none is left, the run stops here."""
+    :mod:`loop_governor.ladder`); with none left the model can only answer."""
     tools = kwargs.get("tools")
     scope = governor.current_task() if tools else None
     if scope is None or not scope.withdrawn or not isinstance(tools, list):
         return kwargs
-    names = [_tool_name(t) for t in tools]
-    stop = nothing_left(governor.rt, scope, names)
-    if stop is not None:
-        raise stop_error(stop)
-    kept = [t for t, name in zip(tools, names, strict=True) if name not in scope.withdrawn]
-    return {**kwargs, "tools": kept} if len(kept) != len(names) else kwargs
+    keep = offered(scope, [_tool_name(t) for t in tools])
+    if all(keep):
+        return kwargs
+    kept = [t for t, ok in zip(tools, keep, strict=True) if ok]
+    return {**kwargs, "tools": kept or None}  # an empty tool list is a 400 at some providers
 
 
 class _Denied(BaseException):

@@ -68,7 +68,7 @@ from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
 from loop_governor.call import PassThrough
 from loop_governor.config import check_pruner
 from loop_governor.context.compact import emergency_compact
-from loop_governor.ladder import nothing_left
+from loop_governor.ladder import offered
 
 
 class GovernorState(AgentState[Any]):
@@ -305,13 +305,11 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
 
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
         """The request's tools less the withdrawn ones (the ladder's step before a stop,
-        :mod:`loop_governor.ladder`); when none is left, the run ends here."""
-        names = [tool_name(t) for t in request.tools]
-        stop = nothing_left(self.governor.rt, scope, names)
-        if stop is not None:
-            raise stop
-        kept = [t for t, name in zip(request.tools, names, strict=True) if name not in scope.withdrawn]
-        return request.override(tools=kept) if len(kept) != len(names) else request
+        :mod:`loop_governor.ladder`); with none left the model can only answer."""
+        keep = offered(scope, [tool_name(t) for t in request.tools])
+        if all(keep):
+            return request
+        return request.override(tools=[t for t, kept in zip(request.tools, keep, strict=True) if kept])
 
     def _model_call(
         self, request: ModelRequest[Any], handler: Callable[..., Any], capture: PromptCapture

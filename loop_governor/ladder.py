@@ -4,7 +4,7 @@ A stop ends someone's work, so the governor climbs a ladder before it takes one:
 tells the model (a structured error or a note: "do not repeat this unchanged"), then
 answers from memory without calling the tool, then *withdraws* the tool from the model
 for the rest of the task, and only then ends the run -- when the model persists (it calls
-the withdrawn tool anyway) or nothing else is left (every tool it had is withdrawn).
+the withdrawn tool anyway).
 
 Withdrawal is a task fact the adapters act on where the framework allows it: LangChain's
 ``GovernorMiddleware`` drops the tool from the model request's tool list, crewAI's
@@ -15,11 +15,10 @@ task. Every withdrawal is a ``tool_withdrawn`` event (and so a span and a log li
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from loop_governor.call import TOOL, Call, Policy, Resumed
-from loop_governor.checkpointing import stop_run
 from loop_governor.errors import AgentToolError, ErrorType, GovernedError, NoProgressError, PermanentError
 
 if TYPE_CHECKING:
@@ -75,24 +74,12 @@ def _stop(scope: TaskScope, tool: str, code: str, message: str) -> NoProgressErr
     return NoProgressError(info)
 
 
-def nothing_left(rt: Runtime, scope: TaskScope, tools: Iterable[str]) -> NoProgressError | None:
-    """The stop to raise when every one of ``tools`` (what the model was offered) is
-    withdrawn; None while something is left. For adapters, before a model call."""
-    offered = list(tools)
-    if not offered or not scope.withdrawn or any(t not in scope.withdrawn for t in offered):
-        return None
-    names = ", ".join(sorted(set(offered)))
-    last = list(scope.withdrawn)[-1]  # the stop's code is why the last one was withdrawn
-    stop = _stop(
-        scope,
-        last,
-        scope.withdrawn[last][0],
-        f"every tool the model had ({names}) was withdrawn after it kept repeating calls that did not help",
-    )
-    rt.events.emit("escalation", tool=offered[0], subject="tools", action="stop", count=len(offered))
-    stopped = stop_run(rt, scope, stop)
-    assert isinstance(stopped, NoProgressError)
-    return stopped
+def offered(scope: TaskScope, names: Sequence[str]) -> list[bool]:
+    """For adapters, before a model request: which of the request's tools (by name) the
+    model is still offered. With every tool withdrawn the request goes out with none, so
+    the model gives its final answer; a tool call it makes anyway ends the run."""
+    withdrawn = scope.withdrawn
+    return [name not in withdrawn for name in names]
 
 
 class Withdrawn(Policy):

@@ -109,7 +109,7 @@ def test_model_text_is_stable_compact_and_bounded() -> None:
     text = info.to_model_text()
     assert text == lg.GovernedError.model_validate_json(info.model_dump_json()).to_model_text()
     body = json.loads(text)["error"]
-    assert list(body) == ["message", "type", "outcome", "tool", "status", "attempts", "advice"]  # the tool's words first
+    assert list(body) == ["message", "type", "outcome", "tool", "status", "attempts", "advice"]
     assert body["outcome"] == "retries exhausted: 3 attempts"
     assert len(body["message"]) <= 500
     head = text.split('"message"')[0]

@@ -14,7 +14,7 @@ import pytest
 from lg_testing import Backend, HTTPError, VirtualClock
 
 import loop_governor as lg
-from loop_governor.ladder import nothing_left
+from loop_governor.ladder import offered
 
 
 def governor(clock: VirtualClock, **tools: lg.ToolPolicy) -> lg.Governor:
@@ -195,9 +195,7 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
             advice.append(err.value.info.advice or "")
         assert gov.call("search", lambda q: "3 hits", "x") == "3 hits"  # other tools still work
         # an adapter asks what is left before the next model call
-        assert nothing_left(gov.rt, scope, ["fetch_doc", "search"]) is None
-        stop = nothing_left(gov.rt, scope, ["fetch_doc"])
-        assert isinstance(stop, lg.NoProgressError) and stop.info.code == "repeated_failure"
+        assert offered(scope, ["fetch_doc", "search"]) == [False, True]
         with pytest.raises(lg.NoProgressError) as persisted:
             gov.call("fetch_doc", backend, 43)  # the model calls it anyway: the run ends
     assert "2 more identical calls withdraw fetch_doc" in advice[0]

@@ -121,7 +121,7 @@ def test_every_run_ending_error_is_fatal_and_never_permanent() -> None:
 def test_except_permanent_first_does_not_swallow_a_stop(gov: lg.Governor) -> None:
     calls = []
     with gov.task("t"):
-        for round_ in range(20):
+        for _ in range(20):
             try:
                 calls.append(gov.call("critic", lambda draft: "still weak: add the numbers section", "the draft"))
             except lg.PermanentError:  # written first, as users do

@@ -94,11 +94,13 @@ def test_create_agent_critic_loop_ends_with_no_progress_error(
     # the model was told, in the critic's results, before the run was stopped: a warning
     # that the next identical verdict withdraws the critic, then the withdrawal
     noted = [m for m in model.prompts[-1] if isinstance(m, ToolMessage) and kit.NOTE_MARK in str(m.content)]
-    assert len(noted) == 1 and "the next identical verdict withdraws review_draft" in str(noted[0].content)
+    assert len(noted) == 2 and "the next identical verdict withdraws review_draft" in str(noted[0].content)
+    assert "review_draft is now withdrawn" in str(noted[1].content)
     assert [e["tool"] for e in events if e["event"] == "tool_withdrawn"] == ["review_draft"]
     assert [e["action"] for e in events if e["event"] == "no_progress"] == ["warn", "withdraw"]
-    # its only tool withdrawn, nothing was left: the run ended before another model call
-    assert len(model.prompts) == 4 and "every tool the model had" in stopped.value.info.message
+    # its only tool withdrawn, the next request offered no tool; the model called it anyway
+    assert len(model.prompts) == 5 and "after it was withdrawn" in stopped.value.info.message
+    assert len(model.tool_names) == 4  # the 5th request bound no tools: the model could only answer
 
 
 @MODES

@@ -97,9 +97,10 @@ def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(mode: str, lc: An
     assert stopped.value.info.code == "repeated_refusal"
     errors = errors_in(model.prompts[-1])
     assert any(e.get("code") == "circuit_open" for e in errors)
-    last = errors[-1]
-    assert last["outcome"] == "not attempted" and "retryable" not in last  # refused: no request made
-    assert "withdraws fetch_page from your tools" in last["advice"]  # the ladder's next step, then the stop
+    refused = [e for e in errors if e.get("code") == "circuit_open"]
+    assert refused[0]["outcome"] == "not attempted" and "retryable" not in refused[0]  # no request made
+    assert "withdraw fetch_page from your tools" in refused[0]["advice"]  # the ladder's next step
+    assert "fetch_page is now withdrawn" in errors[-1]["advice"]  # then the stop, when called anyway
     assert len(model.prompts) < 10
 
 

@@ -35,6 +35,7 @@ def _spent(
     limit: int | None,
     now: float,
     wall: float | None = None,
+    key: str | None = None,
 ) -> tuple[str, float, float] | None:
     """The first budget this call would exceed, as (name, limit, used)."""
     if kind == MODEL:
@@ -47,10 +48,11 @@ def _spent(
             return "max_steps", config.max_steps, scope.steps
         if config.max_tool_calls is not None and scope.tool_calls >= config.max_tool_calls:
             return "max_tool_calls", config.max_tool_calls, scope.tool_calls
-        if limit is not None and name is not None and scope.calls_of(name) >= limit:
-            return "max_calls", limit, scope.calls_of(name)
-        if wall is not None and name is not None:
-            first = scope.first_call_at.setdefault(name, now)
+        key = key or name
+        if limit is not None and key is not None and scope.calls_of(key) >= limit:
+            return "max_calls", limit, scope.calls_of(key)
+        if wall is not None and key is not None:
+            first = scope.first_call_at.setdefault(key, now)
             if now - first >= wall:
                 return "max_wall_s", wall, now - first
     if config.max_tokens is not None and scope.tokens >= config.max_tokens:
@@ -63,14 +65,21 @@ def _spent(
 
 
 def charge(
-    rt: Runtime, scope: TaskScope, kind: str, name: str | None, limit: int | None = None, wall: float | None = None
+    rt: Runtime,
+    scope: TaskScope,
+    kind: str,
+    name: str | None,
+    limit: int | None = None,
+    wall: float | None = None,
+    key: str | None = None,
 ) -> None:
     """Count one ``"model"`` or ``"tool"`` call against the task; raise
     BudgetExhaustedError (with the partial results) instead when a budget is spent.
     ``limit`` is the tool's own ``max_calls``; ``wall`` its own ``max_wall_s`` (seconds
-    from its first call in the task: a poll's bound)."""
+    from its first call in the task: a poll's bound); ``key`` what those two count by
+    (default ``name``; a poll's polled arguments)."""
     if rt.limited:
-        spent = _spent(rt.config, scope, kind, name, limit, rt.clock(), wall)
+        spent = _spent(rt.config, scope, kind, name, limit, rt.clock(), wall, key)
         if spent is not None:
             raise _exhausted(rt, scope, name, *spent)
     if kind == MODEL:
@@ -80,8 +89,9 @@ def charge(
     if scope.model_calls == 0:
         scope.steps += 1
     scope.tool_calls += 1
-    if limit is not None and name is not None:
-        scope.count_call(name)
+    counted = key or name
+    if limit is not None and counted is not None:
+        scope.count_call(counted)
 
 
 def _exhausted(
@@ -135,7 +145,9 @@ class TaskBudget(Policy):
             return None
         try:
             if call.kind == TOOL:
-                charge(self.rt, scope, TOOL, call.name, call.policy.max_calls, call.policy.max_wall)
+                # a poll is bounded per polled arguments (one job), not per tool
+                key = f"{call.name}\x00{call.args_signature[0]}" if call.policy.poll else None
+                charge(self.rt, scope, TOOL, call.name, call.policy.max_calls, call.policy.max_wall, key)
             else:
                 charge(self.rt, scope, call.kind, call.name)
         except BudgetExhaustedError:

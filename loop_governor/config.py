@@ -76,15 +76,15 @@ class ToolPolicy(_CallOverrides):
     )
     poll: bool = Field(
         default=False,
-        description="a status poll: identical calls with identical answers are expected and never count as a "
-        f"loop; bounded instead by max_calls (default {POLL_MAX_CALLS}) and max_wall_s (default "
-        f"{POLL_MAX_WALL_S:g} s)",
+        description="a status poll (read-only): identical calls with identical answers are expected and never "
+        f"count as a loop; bounded instead by max_calls (default {POLL_MAX_CALLS}) and max_wall_s (default "
+        f"{POLL_MAX_WALL_S:g} s), counted per polled arguments (one job)",
     )
     max_wall_s: float | None = Field(
         default=None,
         gt=0,
-        description="seconds from this tool's first call in the task after which its calls are refused (hard "
-        "stop); for polls",
+        description="seconds from this tool's first call in the task (for a poll: its first call with these "
+        "arguments) after which its calls are refused (hard stop)",
     )
 
 
@@ -178,7 +178,8 @@ class ResolvedPolicy:
             self.max_calls = self.max_calls or POLL_MAX_CALLS
             self.max_wall = self.max_wall or POLL_MAX_WALL_S
         self.stateless: bool = tool is not None and tool.stateless
-        self.read_only: bool = tool is not None and tool.read_only
+        # a poll reads a status: its success changes nothing (nor may it hide a loop beside it)
+        self.read_only: bool = tool is not None and (tool.read_only or tool.poll)
         own = o.escalation_repeats if isinstance(o, ToolPolicy) else None
         self.escalation_repeats: int = own or config.escalation_repeats
         self.tokens_per_s: float | None = None

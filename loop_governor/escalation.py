@@ -45,8 +45,16 @@ if TYPE_CHECKING:
 
 # what the model was told about -> (a repeat, repeats, the stop's code)
 _SUBJECTS = {
-    "call": ("identical call", "identical calls", "repeated_failure"),
-    "signature": ("call failing the same way", "calls failing the same way", "repeated_failure"),
+    "call": (
+        "identical call with nothing fixed in between",
+        "identical calls with nothing fixed in between",
+        "repeated_failure",
+    ),
+    "signature": (
+        "call failing the same way with nothing fixed in between",
+        "calls failing the same way with nothing fixed in between",
+        "repeated_failure",
+    ),
     "outage": ("call while it keeps failing", "calls while it keeps failing", "repeated_failure"),
     "breaker": ("call while it is unavailable", "calls while it is unavailable", "repeated_refusal"),
     "rate": ("call while it is rate limited", "calls while it is rate limited", "repeated_refusal"),
@@ -116,7 +124,8 @@ class Escalation(Policy):
         # in this world: after a success that may have changed it (a fix), the retried call
         # runs for real and its count starts over -- a coding agent re-running the same
         # failing script after each edit is iterating, not looping (its step budget bounds it)
-        identical = f"{call.key}@{scope.world}"
+        # (a stateless tool's failure depends on its arguments alone: no fix resets it)
+        identical = call.key if call.policy.stateless else f"{call.key}@{scope.world}"
         if kind == "call":
             about = identical
         elif kind == "signature":

@@ -24,9 +24,17 @@ class RepeatedErrors(Policy):
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         scope, info = call.scope, error.info
-        if scope is None or info.error_type is ErrorType.FATAL:
-            return error  # a stop is already the strongest outcome
-        count = self.rt.store.signature_hit(scope.task_id, info.signature)
+        if scope is None or info.error_type is ErrorType.FATAL or not call.attempt:
+            return error  # a stop is already the strongest outcome; a replay or a refusal is no new failure
+        decision = scope.decision
+        if decision is not None:
+            # parallel calls of one model turn are one decision: counted once
+            if scope.error_turns.get(info.signature) == decision:
+                return error
+            scope.error_turns[info.signature] = decision
+        # counted in this world: after a success that may have changed state (an edit, a
+        # login) a failure alike is the next try, not the same mistake again
+        count = self.rt.store.signature_hit(scope.task_id, f"{info.signature}@{scope.world}")
         if count < self.threshold:
             return error
         self.rt.events.emit("loop_detected", tool=info.tool, signature=info.signature, count=count)
@@ -36,8 +44,8 @@ class RepeatedErrors(Policy):
                     "error_type": ErrorType.PERMANENT,
                     "retryable": False,
                     "count": count,
-                    "advice": f"{info.tool} failed the same way {count} times in this task; stop calling it "
-                    "for this and continue without it or report the failure",
+                    "advice": f"{info.tool} failed the same way {count} times with nothing fixed in between; "
+                    "do not repeat it unchanged: fix the cause, change the arguments, or continue without it",
                 }
             )
         )

@@ -64,6 +64,7 @@ class TaskScope:
         "checkpoint_lock",
         "cost",
         "cycles",
+        "error_turns",
         "first_call_at",
         "governor",
         "known_bad",
@@ -103,6 +104,7 @@ class TaskScope:
         self.model_calls = 0
         self.calls_by_tool: dict[str, int] = {}  # only tools with their own max_calls
         self.first_call_at: dict[str, float] = {}  # only tools with their own max_wall_s (polls)
+        self.error_turns: dict[str, int] = {}  # error signature -> the model decision it was last counted in
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was
         # (the agent may have fixed the cause: pressed the brake, logged in, edited a file).

@@ -198,8 +198,8 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
         assert offered(scope, ["fetch_doc", "search"]) == [False, True]
         with pytest.raises(lg.NoProgressError) as persisted:
             gov.call("fetch_doc", backend, 43)  # the model calls it anyway: the run ends
-    assert "2 more identical calls withdraw fetch_doc" in advice[0]
-    assert "the next identical call withdraws fetch_doc" in advice[1]
+    assert "2 more identical calls with nothing fixed in between withdraw fetch_doc" in advice[0]
+    assert "the next identical call with nothing fixed in between withdraws fetch_doc" in advice[1]
     assert "fetch_doc is now withdrawn" in advice[2] and "Calling it again ends the task" in advice[2]
     assert [(e["tool"], e["code"]) for e in withdrawn] == [("fetch_doc", "repeated_failure")]
     assert persisted.value.partial_results[:1] == ["summary so far"]
@@ -221,7 +221,8 @@ def test_each_fix_lets_the_retry_run_and_a_success_ends_the_count(clock: Virtual
             with pytest.raises(lg.PermanentError) as again:
                 gov.call("start_engine", car.start_engine)
             gov.call("honk", lambda: "honked")
-        assert "2 more calls failing the same way withdraw start_engine" in (again.value.info.advice or "")
+        advice = again.value.info.advice or ""
+        assert "2 more identical calls with nothing fixed in between withdraw start_engine" in advice
         assert scope.withdrawn == {}
 
 
@@ -272,3 +273,15 @@ def test_with_checkpoints_a_live_run_polls_for_real_and_a_resume_retires_old_fai
         again.call("press_brake", car.press_brake)
         assert again.call("start_engine", car.start_engine) == "engine running"
     assert car.starts == 2
+
+
+def test_a_poll_is_bounded_per_job_not_per_task(clock: VirtualClock) -> None:
+    gov = governor(clock, job_status=lg.ToolPolicy(poll=True, max_calls=5))
+    with gov.task("t"):
+        for job in ("J-1", "J-2", "J-3"):  # 15 polls in the task, 5 per job
+            for _ in range(5):
+                assert gov.call("job_status", lambda j: "running", job) == "running"
+            clock.advance(400)  # 1,200 s in all: each job's own 600 s is what bounds it
+        with pytest.raises(lg.BudgetExhaustedError) as over:
+            gov.call("job_status", lambda j: "running", "J-3")
+    assert over.value.info.code == "max_calls" and over.value.info.tool == "job_status"

@@ -141,6 +141,7 @@ class ResolvedPolicy:
         "max_delay",
         "max_wait",
         "max_wall",
+        "model",
         "poll",
         "rate_key",
         "rate_per_s",
@@ -156,6 +157,7 @@ class ResolvedPolicy:
         self, config: GovernorConfig, override: ToolPolicy | ModelPolicy | None, rate_key: str, *, model: bool = False
     ) -> None:
         o = override or (ModelPolicy() if model else ToolPolicy())
+        self.model: bool = model  # a model endpoint's settings (else a tool's)
         retry = o.retry if isinstance(o, ToolPolicy) else True
         self.max_attempts: int = 1 if not retry else (o.retry_max_attempts or config.retry_max_attempts)
         self.base_delay: float = config.retry_base_delay if o.retry_base_delay is None else o.retry_base_delay

@@ -60,8 +60,9 @@ def advice(kind: str, name: str, info: ErrorInfo, reason: str | None, attempts: 
             return f"{name} rejected the request; change the request or the model"
         if names_precondition(info.message):
             return (
-                f"fix what the message asks for first (for example with another tool), then calling {name} again "
-                "is the right move; repeated unchanged with nothing fixed, it fails the same way"
+                f"fix what the message asks for first (for example with another tool) or change the arguments, "
+                f"then calling {name} again is the right move; repeated unchanged with nothing fixed, it fails "
+                "the same way"
             )
         return f"repeated unchanged, this call to {name} fails the same way; change the arguments or use another tool"
     rest = _elsewhere(kind, name)

@@ -7,13 +7,14 @@ can build a policy with nothing but a runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from loop_governor.classify import ErrorInfo, Rule, classify
 from loop_governor.config import GovernorConfig, ResolvedPolicy
-from loop_governor.errors import AgentToolError
+from loop_governor.errors import AgentToolError, ErrorType
 from loop_governor.events import Events
 from loop_governor.stores import Store
 
@@ -104,4 +105,9 @@ class Runtime:
                 type(exc).__name__,
                 "governed",
             )
-        return classify(exc, name, rules=self.rules, unknown=policy.unknown_error)
+        info = classify(exc, name, rules=self.rules, unknown=policy.unknown_error)
+        if policy.model and info.evidence == "session":
+            # a model provider's "not authenticated" (FastAPI's default 401 body, behind many
+            # OpenAI-compatible proxies) is its key: the agent cannot log in to renew it
+            return dataclasses.replace(info, error_type=ErrorType.FATAL, retryable=False)
+        return info

@@ -285,3 +285,15 @@ def test_a_poll_is_bounded_per_job_not_per_task(clock: VirtualClock) -> None:
         with pytest.raises(lg.BudgetExhaustedError) as over:
             gov.call("job_status", lambda j: "running", "J-3")
     assert over.value.info.code == "max_calls" and over.value.info.tool == "job_status"
+
+
+def test_a_model_endpoint_saying_not_authenticated_is_fatal(clock: VirtualClock) -> None:
+    gov = governor(clock)
+
+    def model(_prompt: str) -> str:
+        raise HTTPError(401, "Not authenticated")  # FastAPI's default body, behind many proxies
+
+    with pytest.raises(lg.FatalError):
+        gov.call_model("proxy:gpt", model, "hi")
+    with pytest.raises(lg.PermanentError):  # the same words from a tool: the agent can log in
+        gov.call("get_orders", model, "hi")

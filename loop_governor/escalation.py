@@ -171,4 +171,6 @@ class Escalation(Policy):
         self.rt.events.emit("escalation", tool=call.name, subject=key[0], action="withdraw", count=count)
         call.warned = True
         why = f"{count} more {whats} after being told"
-        return withdrawn_error(self.rt, call, error, code, why)
+        # unavailable (an outage, an open breaker, a rate limit): withdrawn until it may be back
+        for_s = (error.info.retry_after or call.policy.breaker.cooldown_s) if key[0] in _AVAILABILITY else None
+        return withdrawn_error(self.rt, call, error, code, why, for_s)

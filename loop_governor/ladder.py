@@ -38,26 +38,44 @@ def withdraw_at(repeats: int) -> int:
 _IDENTICAL = frozenset({"no_progress", "cycle"})
 
 
-def withdraw(rt: Runtime, call: Call, code: str, why: str, tools: Iterable[str] = ()) -> str:
+def withdraw(
+    rt: Runtime, call: Call, code: str, why: str, tools: Iterable[str] = (), for_s: float | None = None
+) -> str:
     """Withdraw ``call``'s tool (and ``tools``: every tool of a cycle) for the rest of its
-    task; returns what the model reads."""
+    task -- or, for a tool that is unavailable (``for_s``), until it may be back; returns
+    what the model reads."""
     scope = call.scope
     assert scope is not None
     names = [call.name, *sorted(set(tools) - {call.name})]
+    until = None if for_s is None else rt.clock() + max(1.0, for_s)
     for name in names:
-        scope.withdrawn[name] = (code, scope.decision)
-        rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why)
+        scope.withdrawn[name] = (code, scope.decision, until)
+        rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why, for_s=for_s)
     listed = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + f" and {names[-1]}"
     verb, them = ("is", "it") if len(names) == 1 else ("are", "them")
+    how_long = "for the rest of this task" if for_s is None else f"for the next {max(1, round(for_s))}s"
+    when = "again" if for_s is None else "again before then"
     return (
-        f"{listed} {verb} now withdrawn from your tools for the rest of this task ({why}); use another tool or "
-        f"give your final answer. Calling {them} again ends the task."
+        f"{listed} {verb} now withdrawn from your tools {how_long} ({why}); use another tool or "
+        f"give your final answer. Calling {them} {when} ends the task."
     )
 
 
-def withdrawn_error(rt: Runtime, call: Call, error: AgentToolError, code: str, why: str) -> AgentToolError:
+def _lapsed(rt: Runtime, scope: TaskScope, name: str) -> bool:
+    """Whether ``name``'s withdrawal for an outage is over (then it is taken back)."""
+    entry = scope.withdrawn.get(name)
+    if entry is None or entry[2] is None or rt.clock() < entry[2]:
+        return False
+    scope.withdrawn.pop(name, None)
+    rt.events.emit("tool_restored", tool=name, code=entry[0])
+    return True
+
+
+def withdrawn_error(
+    rt: Runtime, call: Call, error: AgentToolError, code: str, why: str, for_s: float | None = None
+) -> AgentToolError:
     """``error`` as the model reads it once the tool is withdrawn (same type and message)."""
-    note = withdraw(rt, call, code, why)
+    note = withdraw(rt, call, code, why, for_s=for_s)
     info = error.info
     return type(error)(info.model_copy(update={"advice": note, "retryable": False}))
 
@@ -76,10 +94,11 @@ def _stop(scope: TaskScope, tool: str, code: str, message: str) -> NoProgressErr
 
 def offered(scope: TaskScope, names: Sequence[str]) -> list[bool]:
     """For adapters, before a model request: which of the request's tools (by name) the
-    model is still offered. With every tool withdrawn the request goes out with none, so
-    the model gives its final answer; a tool call it makes anyway ends the run."""
-    withdrawn = scope.withdrawn
-    return [name not in withdrawn for name in names]
+    model is still offered (a tool withdrawn for an outage comes back when it may be up).
+    With every tool withdrawn the request goes out with none, so the model gives its final
+    answer; a tool call it makes anyway ends the run."""
+    rt, withdrawn = scope.governor.rt, scope.withdrawn
+    return [name not in withdrawn or _lapsed(rt, scope, name) for name in names]
 
 
 class Withdrawn(Policy):
@@ -96,9 +115,9 @@ class Withdrawn(Policy):
         if scope is None or not scope.withdrawn:
             return None
         entry = scope.withdrawn.get(call.name)
-        if entry is None:
+        if entry is None or _lapsed(self.rt, scope, call.name):
             return None
-        code, decision = entry
+        code, decision, _ = entry
         call.stop_reason = "withdrawn"
         if decision is not None and decision == scope.decision:
             # a parallel call of the turn that got the tool withdrawn: the model has not

@@ -111,7 +111,8 @@ class TaskScope:
         self.world = 0
         # tools withdrawn from the model for the rest of the task -> why (the step of the
         # escalation ladder before the stop: the next call of one ends the run)
-        self.withdrawn: dict[str, tuple[str, int | None]] = {}  # tool -> (stop code, decision)
+        # tool -> (stop code, decision, until: the clock time an outage's withdrawal ends, or None)
+        self.withdrawn: dict[str, tuple[str, int | None, float | None]] = {}
         self.known_bad = 0
         self.results: list[Any] = []
         self.results_saved = 0  # how many of ``results`` the checkpoint store already has

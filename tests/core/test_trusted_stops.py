@@ -297,3 +297,26 @@ def test_a_model_endpoint_saying_not_authenticated_is_fatal(clock: VirtualClock)
         gov.call_model("proxy:gpt", model, "hi")
     with pytest.raises(lg.PermanentError):  # the same words from a tool: the agent can log in
         gov.call("get_orders", model, "hi")
+
+
+def test_a_tool_withdrawn_for_an_outage_comes_back_when_it_may_be_up(clock: VirtualClock) -> None:
+    config = lg.GovernorConfig(breaker_failure_threshold=1, breaker_cooldown_s=30, retry_max_attempts=1)
+    gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
+    down = {"yes": True}
+
+    def search(q: str) -> str:
+        if down["yes"]:
+            raise HTTPError(503, "service unavailable")
+        return "3 hits"
+
+    with gov.task("t") as scope:
+        with pytest.raises(lg.TransientError):
+            gov.call("search", search, "q")
+        for _ in range(3):  # refused while open: told, then withdrawn for the cooldown
+            with pytest.raises(lg.AgentToolError) as refused:
+                gov.call("search", search, "q")
+        assert "search" in scope.withdrawn and "for the next 30s" in (refused.value.info.advice or "")
+        down["yes"] = False
+        clock.advance(31)  # the service is back: so is the tool, not a stop
+        assert offered(scope, ["search"]) == [True]
+        assert gov.call("search", search, "q") == "3 hits"

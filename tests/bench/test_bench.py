@@ -228,17 +228,17 @@ def test_the_stubborn_model_is_bounded(bench_result: dict[str, Any]) -> None:
     governed = bench_result["model_policies"]["stubborn"]["governed"]
     assert governed["tool_calls_per_task"] <= 12
     assert governed["model_calls_per_task"] <= 16
-    # the price, which the README states: a model that ignores every warning is stopped
-    # (NoProgressError, its sub-results kept) where a bare LangChain agent, after 30
-    # identical failures, moves on and finishes (crewAI's own REPEATED_CALL guard aborts
-    # its bare crew at the 5th identical call)
-    stops = [
+    # a model that ignores every warning gets the failing tool withdrawn from its tool list:
+    # like the bare LangChain agent after 30 identical failures, it then takes its next option
+    # and finishes -- at a fraction of the calls (crewAI's own REPEATED_CALL guard aborts its
+    # bare crew at the 5th identical call)
+    governed_tasks = [
         t
         for t in bench_result["tasks"]
         if t["policy"] == "stubborn" and t["arm"] == "governed" and t["scenario"] == "missing_document"
     ]
-    assert stops and all(t["reason"].endswith("NoProgressError") and t["delivered"] == 1 for t in stops)
-    assert all(t["model_calls"] <= 8 for t in stops)
+    assert governed_tasks and all(not t["failed"] and t["delivered"] == 3 for t in governed_tasks)
+    assert all(t["tool_calls"] <= 6 and t["model_calls"] <= 8 for t in governed_tasks)
     bare = [
         t
         for t in bench_result["tasks"]

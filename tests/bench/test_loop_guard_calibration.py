@@ -167,7 +167,9 @@ def test_replay_feeds_both_guards_the_same_steps_and_records_their_stops(corpus:
     assert len(replay.outcomes) == (len(replay.steps) if replay.governor is None else replay.governor.step + 1)
     assert replay.outcomes[:2] == ["ok", "ok"] and replay.outcomes[2] == "PermanentError"
     assert any(o.startswith("refused") for o in replay.outcomes[3:])
-    assert any(s.event == "loop_detected" for s in replay.signals)  # the repeated-error guard saw it
+    # the escalation told the model, then withdrew the tool (the ladder's step before a stop)
+    assert any(s.event == "escalation" and s.action == "warn" for s in replay.signals)
+    assert replay.withdrawals and replay.withdrawals[0].detector == "withdrawn:repeated_failure"
 
     healthy = lr.load_runs(tau)[0]
     clean = lr.replay(healthy.turns, healthy.kind, model_calls=True)

@@ -210,6 +210,9 @@ def test_a_plain_url_primary_that_came_back_empty_is_not_written_to(redis_sentin
     (new process, its replicas gone), stays local, and says so (store_misconfigured)."""
     setup = redis_sentinel
     setup.wait_replica_known()
+    # the store learns at start that the primary has replicas: wait until the primary lists
+    # its replica (under load it connects a moment after Sentinel knows it)
+    _wait(lambda: len(setup.primary.client().execute_command("ROLE")[2]) > 0, "the primary to list its replica", 20)
     mono = [0.0]
     ns = f"lg-stale-{uuid.uuid4().hex[:8]}"
     store = RedisStore(setup.primary.url, namespace=ns, monotonic=lambda: mono[0])

@@ -103,7 +103,7 @@ class Escalation(Policy):
             return result
         if scope.unavailable:
             # the tool answered: its outage (failures, breaker, rate limit) is over
-            for key in scope.unavailable.pop(call.name, ()):
+            for key in tuple(scope.unavailable.pop(call.name, ())):  # (a parallel call may still add)
                 scope.told.pop(key, None)
         calls = scope.told_calls.get(call.name) if scope.told_calls else None
         if calls:

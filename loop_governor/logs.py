@@ -30,10 +30,6 @@ from typing import Any
 from loop_governor.redaction import redact
 
 logger = logging.getLogger("loop_governor")
-# The library's own handler does nothing (the logging HOWTO's advice for libraries): without it
-# Python's last-resort handler would print every WARNING to stderr of an app that configured no
-# logging. Records still propagate to the handlers the application installs.
-logger.addHandler(logging.NullHandler())
 
 INFO, WARNING = logging.INFO, logging.WARNING
 

@@ -6,9 +6,12 @@ so ``import loop_governor`` and every other command stay framework-free.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -49,6 +52,21 @@ def _console() -> Console:
     if not console.is_terminal and console.width < 120:
         console = Console(width=120)  # the tables are unreadable folded at 80 columns
     return console
+
+
+@contextlib.contextmanager
+def _quiet_governor_log() -> Iterator[None]:
+    """The benchmark stops runs and refuses calls on purpose, thousands of times: its tables
+    say so. Without a handler of the application's, Python's last-resort handler would print
+    each of those WARNINGs; while the benchmark runs, a NullHandler takes them (the library
+    itself installs none)."""
+    logger = logging.getLogger("loop_governor")
+    quiet = logging.NullHandler()
+    logger.addHandler(quiet)
+    try:
+        yield
+    finally:
+        logger.removeHandler(quiet)
 
 
 def register(app: typer.Typer) -> None:
@@ -172,7 +190,7 @@ def register(app: typer.Typer) -> None:
             TimeElapsedColumn(),
             console=bar_console,
             transient=True,
-        ) as progress:
+        ) as progress, _quiet_governor_log():
             total = total_steps(passes, chosen, 1 if settings is not None else len(policies), len(picked))
             task = progress.add_task("bench", total=total)
 

@@ -59,10 +59,14 @@ def _mixed(first: type[BaseException], second: type[BaseException], **attrs: Any
     with _variants_lock:
         if key not in _variants:
             own = first if first.__module__ != __name__ else second
-            # never the bare name of the class it mixes in: a "RuntimeError" of this
-            # module would read like the builtin in every traceback
-            name = f"Governed{own.__name__}"
-            body = {"__module__": __name__, "__qualname__": name, "__doc__": own.__doc__, **attrs}
+            # A traceback prints the qualified name: never the bare name of the class it
+            # mixes in ("langchain_governor.errors.RuntimeError" would read like the
+            # builtin). With ``keep_name``, ``__name__`` stays the mixed-in class's own, which
+            # is what the frameworks' formatters print ("`search` failed with ValueError",
+            # LangChain's ToolErrorMiddleware and ToolRetryMiddleware): their texts unchanged.
+            qualname = f"Governed{own.__name__}"
+            name = own.__name__ if attrs.pop("keep_name", False) else qualname
+            body = {"__module__": __name__, "__qualname__": qualname, "__doc__": own.__doc__, **attrs}
             try:
                 _variants[key] = type(name, (first, second), body)
             except Exception:
@@ -167,7 +171,7 @@ def tool_error(error: lg.AgentToolError, *, answerable: bool, cause: BaseExcepti
     cls = base
     if isinstance(cause, Exception) and not isinstance(cause, lg.AgentToolError | ToolException | GraphBubbleUp):
         own = type(cause)
-        cls = _mixed(base, own, __init__=GovernedToolError.__init__) or base
+        cls = _mixed(base, own, __init__=GovernedToolError.__init__, keep_name=True) or base
     try:
         raised: Any = Exception.__new__(cls)
         if cls is not base and cause is not None:
@@ -201,7 +205,7 @@ def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
     if not isinstance(cause, Exception) or isinstance(cause, lg.AgentToolError | GraphBubbleUp):
         return governed
     own = type(cause)
-    cls = _mixed(type(governed), own)
+    cls = _mixed(type(governed), own, keep_name=True)
     if cls is None:
         return governed
     try:

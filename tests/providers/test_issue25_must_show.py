@@ -110,7 +110,8 @@ def test_langchain_run_stopped_on_an_exhausted_quota_says_so_everywhere(
     assert isinstance(stop.__cause__, openai.RateLimitError)
     assert isinstance(stop, openai.RateLimitError)  # except openai.RateLimitError keeps matching
     # named for what it is, never like the provider's (or a builtin) class
-    assert type(stop).__name__ == f"Governed{type(stop.__cause__).__name__}"
+    # a traceback reads the qualified name; __name__ stays the provider's, as framework formatters print it
+    assert type(stop).__qualname__ == f"Governed{type(stop.__cause__).__name__}"
     last_line = traceback.format_exception(stop)[-1]
     assert STOP in last_line
     _assert_the_stop_is_visible(gov, events, caplog, stop)

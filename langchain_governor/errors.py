@@ -61,11 +61,12 @@ def _mixed(first: type[BaseException], second: type[BaseException], **attrs: Any
             own = first if first.__module__ != __name__ else second
             # A traceback prints the qualified name: never the bare name of the class it
             # mixes in ("langchain_governor.errors.RuntimeError" would read like the
-            # builtin). With ``keep_name``, ``__name__`` stays the mixed-in class's own, which
-            # is what the frameworks' formatters print ("`search` failed with ValueError",
-            # LangChain's ToolErrorMiddleware and ToolRetryMiddleware): their texts unchanged.
-            qualname = f"Governed{own.__name__}"
-            name = own.__name__ if attrs.pop("keep_name", False) else qualname
+            # builtin). ``own_name`` (the tool's or model's exception class) stays its
+            # ``__name__``, which is what the frameworks' formatters print ("`search` failed
+            # with ValueError": LangChain's tool/model error and retry middlewares).
+            own_name: str | None = attrs.pop("own_name", None)
+            qualname = f"Governed{own_name or own.__name__}"
+            name = own_name or qualname
             body = {"__module__": __name__, "__qualname__": qualname, "__doc__": own.__doc__, **attrs}
             try:
                 _variants[key] = type(name, (first, second), body)
@@ -171,7 +172,7 @@ def tool_error(error: lg.AgentToolError, *, answerable: bool, cause: BaseExcepti
     cls = base
     if isinstance(cause, Exception) and not isinstance(cause, lg.AgentToolError | ToolException | GraphBubbleUp):
         own = type(cause)
-        cls = _mixed(base, own, __init__=GovernedToolError.__init__, keep_name=True) or base
+        cls = _mixed(base, own, __init__=GovernedToolError.__init__, own_name=own.__name__) or base
     try:
         raised: Any = Exception.__new__(cls)
         if cls is not base and cause is not None:
@@ -196,8 +197,9 @@ def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
     through to the caller) that is also an instance of the model's own exception class
     where Python can combine the two -- ``except lg.FatalError`` and
     ``except openai.AuthenticationError`` both catch a revoked key, and a middleware or a
-    caller matching the model's exceptions keeps matching. The class is named
-    ``Governed<ModelErrorClass>``; the model's exception is its ``__cause__``. A fatal
+    caller matching the model's exceptions keeps matching. The class reads
+    ``Governed<ModelErrorClass>`` in a traceback (its ``__qualname__``; its ``__name__`` is
+    the model error's, as formatters print it); the model's exception is its ``__cause__``. A fatal
     stop reads ``"loop-governor stopped the run: <reason>"``; another failure keeps the
     model exception's text. ``.info`` holds the governor's (redacted) classification."""
     cause = error.__cause__
@@ -205,7 +207,7 @@ def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
     if not isinstance(cause, Exception) or isinstance(cause, lg.AgentToolError | GraphBubbleUp):
         return governed
     own = type(cause)
-    cls = _mixed(type(governed), own, keep_name=True)
+    cls = _mixed(type(governed), own, own_name=own.__name__)
     if cls is None:
         return governed
     try:

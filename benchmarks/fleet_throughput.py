@@ -27,7 +27,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,17 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis_latency import start_server  # the same throwaway server (benchmarks/ is on the path)
 
 import loop_governor as lg
 from loop_governor.stores.redis import RedisStore
 
 LOOPS = ("GET", "tool", "task")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def find_binary(engine: str) -> str:
@@ -63,22 +57,6 @@ def find_binary(engine: str) -> str:
     if found is None:
         sys.exit(f"{engine}-server not found; install it or pass --url")
     return found
-
-
-def start_server(binary: str, workdir: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(500):
-        try:
-            client.ping()
-            return proc, url
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    proc.kill()
-    sys.exit("the server did not start")
 
 
 # -- one worker process --------------------------------------------------------------------
@@ -222,7 +200,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="lg-fleet-bench-")
     url = args.url
     if url is None:
-        proc, url = start_server(find_binary(args.engine), tmp)
+        proc, url = start_server(tmp, find_binary(args.engine))
     try:
         version = redis.Redis.from_url(url, decode_responses=True).info("server")
         server = f"{version.get('server_name', 'redis')} {version.get('valkey_version') or version['redis_version']}"

@@ -44,8 +44,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("redis-server")
+def start_server(workdir: str, binary: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A throwaway server on a free 127.0.0.1 port (``binary``: redis-server by default, or a
+    valkey-server), without persistence; its URL once it answers PING."""
+    binary = binary or shutil.which("redis-server")
     if binary is None:
         sys.exit("redis-server not found; install it or pass --url")
     port = free_port()
@@ -63,7 +65,7 @@ def start_server(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
         except redis.ConnectionError:
             time.sleep(0.01)
     proc.kill()
-    sys.exit("redis-server did not start")
+    sys.exit(f"{binary} did not start")
 
 
 def measure(cases: dict[str, Callable[[], object]], calls: int, block: int = 100) -> dict[str, float]:

@@ -28,12 +28,12 @@ from crewai.memory.types import MemoryRecord, ScopeInfo
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
 from crewai_governor.hooks import Installation
-from loop_governor.memory import MemoryGuard
+from loop_governor.memory import Guarded, MemoryGuard
 
 __all__ = ["GovernedStorage", "MemoryFactory", "MemoryInstallation", "builtin_storage"]
 
 
-class GovernedStorage:
+class GovernedStorage(Guarded):
     """A crewAI ``StorageBackend`` around ``inner``: writes filtered, every call governed.
 
     ``save``/``asave``/``update``: records that are failures are dropped, the rest redacted
@@ -66,15 +66,6 @@ class GovernedStorage:
         self.inner = inner
         self.embedder = embedder
         self.guard = MemoryGuard(resolve_governor(governor), name or type(inner).__name__, dedupe=dedupe)
-
-    @property
-    def governor(self) -> lg.Governor:
-        return self.guard.governor
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Records written, dropped as failures, merged as repeats, redacted, trimmed; failed saves."""
-        return self.guard.stats.as_dict()
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (copy/unpickle probing): no recursion

@@ -23,12 +23,12 @@ from langgraph.store.base import BaseStore, Op, PutOp, Result
 
 import loop_governor as lg
 from langchain_governor._common import resolve_governor
-from loop_governor.memory import MemoryGuard
+from loop_governor.memory import Guarded, MemoryGuard
 
 __all__ = ["GovernedStore"]
 
 
-class GovernedStore(BaseStore):
+class GovernedStore(Guarded, BaseStore):
     """A LangGraph ``BaseStore`` around ``inner``: puts filtered, every batch governed.
 
     A put whose value is a failure (the governor's error JSON, a traceback, a
@@ -56,15 +56,6 @@ class GovernedStore(BaseStore):
         # put() resolves its default TTL from these before batch() sees the op.
         self.supports_ttl = inner.supports_ttl
         self.ttl_config = inner.ttl_config
-
-    @property
-    def governor(self) -> lg.Governor:
-        return self.guard.governor
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Records written, dropped as failures, merged as repeats, redacted, trimmed; failed saves."""
-        return self.guard.stats.as_dict()
 
     def __repr__(self) -> str:
         return f"GovernedStore({self.inner!r})"

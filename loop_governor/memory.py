@@ -361,3 +361,19 @@ def _own_task() -> Iterator[None]:
 
 
 __all__ = ["MemoryGuard", "MemoryStats", "Write", "failure_reason"]
+
+
+class Guarded:
+    """What a framework's governed memory backend exposes of its :class:`MemoryGuard`
+    (``crewai_governor.GovernedStorage``, ``langchain_governor.GovernedStore``)."""
+
+    guard: MemoryGuard
+
+    @property
+    def governor(self) -> Governor:
+        return self.guard.governor
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Records written, dropped as failures, merged as repeats, redacted, trimmed; failed saves."""
+        return self.guard.stats.as_dict()

@@ -15,7 +15,6 @@ identical call with the identical result.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,6 @@ __all__ = [
     "ProgressGuard",
     "Verdict",
     "annotate",
-    "ends_text",
     "result_text",
     "withdraws_text",
 ]
@@ -42,13 +40,6 @@ NOTE = (
     "[loop-governor] {tool} returned the same result {count} times in a row: its verdict has not "
     "changed. Do something different or give your final answer now; {ends}."
 )
-
-
-def ends_text(remaining: int, what: str = "repeat", whats: str | None = None) -> str:
-    """The plain sentence a last warning carries: how many more repeats end the task."""
-    if remaining <= 1:
-        return f"the next {what} ends the task"
-    return f"{remaining} more {whats or what + 's'} end the task"
 
 
 def withdraws_text(remaining: int, tool: str, what: str = "repeat", whats: str | None = None) -> str:
@@ -122,15 +113,12 @@ class ProgressGuard:
         tool: str,
         result: str | Fingerprint | None,
         then: int | None = None,
-        args: Any = None,
-        signature: tuple[int, int] | Callable[[], tuple[int, int]] | None = None,
+        call: Call | None = None,
         decision: int | None = None,
-        args_text: Callable[[], str] | None = None,
         world: tuple[int, int] | None = None,
     ) -> Verdict:
-        """Feed one successful tool result (the arguments it answered, and their
-        :func:`~loop_governor.fingerprint.args_signature`, or a function computing it: it is
-        needed only when a result repeats; the model decision the call carries out; the
+        """Feed one successful tool result (the call that got it: its normalized arguments
+        are read only when a result repeats; the model decision the call carries out; the
         task's world when it was made, and 1 if its own success moves the world on, else 0);
         returns what to do about it. The same answer again after something that may change
         state succeeded in between is a re-check after a fix, not a verdict repeating."""
@@ -141,7 +129,7 @@ class ProgressGuard:
         prev = by_tool.get(tool)
         if prev is not None and decision is not None and prev.decision == decision:
             return OK  # a parallel call of the same model turn: one decision, not a repeat
-        seen = _Seen(fp, args, signature, decision, args_text, world)
+        seen = _Seen(fp, call, decision, world)
         if prev is None or prev.moved(world) or not seen.repeats(prev):
             by_tool[tool] = seen  # a new verdict: no streak (triviality doesn't matter yet)
             return OK
@@ -164,31 +152,16 @@ class ProgressGuard:
 class _Seen:
     """One tool's latest result, with what is needed to compare the next one to it."""
 
-    __slots__ = ("_signature", "_text", "args", "decision", "fp", "streak", "world")
+    __slots__ = ("call", "decision", "fp", "streak", "world")
 
     def __init__(
-        self,
-        fp: Fingerprint,
-        args: Any,
-        signature: tuple[int, int] | Callable[[], tuple[int, int]] | None,
-        decision: int | None = None,
-        text: Callable[[], str] | None = None,
-        world: tuple[int, int] | None = None,
+        self, fp: Fingerprint, call: Call | None, decision: int | None, world: tuple[int, int] | None
     ) -> None:
-        self.world = world
         self.fp = fp
-        self.args = args
-        self._signature = signature
-        self._text = text
+        self.call = call  # its normalized arguments and their text are computed once, when asked
         self.decision = decision
+        self.world = world
         self.streak = 1
-
-    @property
-    def signature(self) -> tuple[int, int] | None:
-        sig = self._signature
-        if callable(sig):
-            sig = self._signature = sig()
-        return sig
 
     def moved(self, world: tuple[int, int] | None) -> bool:
         """Whether the world moved on since this call was made, by something else than its
@@ -201,9 +174,9 @@ class _Seen:
     def walked_from(self, prev: _Seen) -> bool:
         """Whether the arguments differ from ``prev``'s only in numbers that walk (a line
         range moves: ``sed -n '400,449p'`` then ``'450,499p'``)."""
-        if self._text is None or prev._text is None:
+        if self.call is None or prev.call is None:
             return False
-        return walks(prev._text(), self._text())
+        return walks(prev.call.args_text, self.call.args_text)
 
     def repeats(self, prev: _Seen) -> bool:
         """Whether this result repeats ``prev``'s verdict.
@@ -218,9 +191,9 @@ class _Seen:
         fp, before = self.fp, prev.fp
         if fp.cheap != before.cheap and (fp.size > 4096 or abs(fp.size - before.size) > max(16, fp.size // 8)):
             return False  # not the same shape: no normalization can make them equal (most calls)
-        mine, theirs = self.signature, prev.signature
-        if mine is None or theirs is None:
-            return self.args is None and prev.args is None and fp.same_as(before)
+        if self.call is None or prev.call is None:  # no question given: the answers alone
+            return self.call is None and prev.call is None and fp.same_as(before)
+        mine, theirs = self.call.args_signature, prev.call.args_signature
         if mine == theirs:
             return fp.text == before.text or fp.same_as(before)
         if fp.text != before.text:
@@ -250,10 +223,8 @@ class NoProgress(Policy):
             tool,
             call.fingerprint(result),
             withdraw_at(call.policy.escalation_repeats),
-            (call.args, call.kwargs),
-            lambda: call.args_signature,
+            call,
             scope.decision,
-            lambda: call.args_text,
             (scope.world, 0 if call.policy.read_only else 1),
         )
         if verdict is OK:

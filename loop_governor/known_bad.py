@@ -49,11 +49,17 @@ class BadCalls:
         task's count) and none has this call's normalized arguments."""
         return recorded == len(self.local) and (call.name, call.args_signature[0]) not in self.shapes
 
-    def retired(self, call: Call, world: int) -> bool:
-        """Whether the call's failure was recorded here in an earlier world (something that
-        may change state succeeded since): it runs again, unless the tool is stateless."""
-        recorded = self.local.get(call.key)
-        return recorded is not None and recorded != world and not call.policy.stateless
+
+
+def retired(memory: BadCalls | None, call: Call, world: int) -> bool:
+    """Whether the call's failure describes an earlier world (something that may change
+    state succeeded since): it runs again, unless the tool is stateless. A failure this
+    process did not record (a checkpoint being resumed, another process of a fleet) is as
+    of before this run, world 0: the first state-changing success here retires it."""
+    if call.policy.stateless:
+        return False
+    recorded = memory.local.get(call.key, 0) if memory is not None else 0
+    return world != recorded
 
 
 class World(Policy):
@@ -94,11 +100,7 @@ class KnownBad(Policy):
             stored = self.rt.store.known_bad_get(scope.task_id, call.key)
             if stored is not None:
                 info = GovernedError.model_validate_json(stored)
-        if info is None or (memory is not None and memory.retired(call, scope.world)):
-            return None
-        if scope.world and not call.policy.stateless and (memory is None or call.key not in memory.local):
-            # recorded before this run (a checkpoint being resumed) or by another process (a
-            # fleet's store): something here changed state since, so the call runs again
+        if info is None or retired(memory, call, scope.world):
             return None
         call.stop_reason = "known_bad"
         raise error_from_info(info)

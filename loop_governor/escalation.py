@@ -125,11 +125,9 @@ class Escalation(Policy):
         # runs for real and its count starts over -- a coding agent re-running the same
         # failing script after each edit is iterating, not looping (its step budget bounds it)
         # (a stateless tool's failure depends on its arguments alone: no fix resets it)
-        identical = call.key if call.policy.stateless else f"{call.key}@{scope.world}"
-        if kind == "call":
-            about = identical
-        elif kind == "signature":
-            if ("call", identical) in scope.told:
+        if kind in ("call", "signature"):  # (an outage's subjects are about the tool, not the call)
+            identical = call.key if call.policy.stateless else f"{call.key}@{scope.world}"
+            if kind == "call" or ("call", identical) in scope.told:
                 kind, about = "call", identical  # the identical call again: its own count goes on
             else:
                 about = f"{about}@{scope.world}"

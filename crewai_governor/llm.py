@@ -36,7 +36,7 @@ from crewai_governor.failures import context_overflow, model_stop
 from loop_governor.compaction import is_context_overflow
 from loop_governor.context.compact import emergency_compact
 from loop_governor.context.tokens import approx_tokens
-from loop_governor.ladder import offered
+from loop_governor.ladder import offered_tools
 from loop_governor.usage import Usage
 
 __all__ = ["endpoint_of", "govern_llm", "governor_of_llm", "is_governed_llm"]
@@ -104,13 +104,6 @@ class _Governed:
         raise _outcome(failure)
 
 
-def _tool_name(schema: Any) -> str:
-    if isinstance(schema, dict):
-        inner = schema.get("function")
-        return str((inner if isinstance(inner, dict) else schema).get("name", ""))
-    return str(getattr(schema, "name", ""))
-
-
 def _offered(governor: lg.Governor, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keyword arguments with the task's withdrawn tools taken out of the tool
     schemas the model is offered (the ladder's step before a stop,
@@ -119,10 +112,9 @@ def _offered(governor: lg.Governor, kwargs: dict[str, Any]) -> dict[str, Any]:
     scope = governor.current_task() if tools else None
     if scope is None or not scope.withdrawn or not isinstance(tools, list):
         return kwargs
-    keep = offered(scope, [_tool_name(t) for t in tools])
-    if all(keep):
+    kept = offered_tools(scope, tools)
+    if kept is None:
         return kwargs
-    kept = [t for t, ok in zip(tools, keep, strict=True) if ok]
     return {**kwargs, "tools": kept or None}  # an empty tool list is a 400 at some providers
 
 

@@ -68,7 +68,7 @@ from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
 from loop_governor.call import PassThrough
 from loop_governor.config import check_pruner
 from loop_governor.context.compact import emergency_compact
-from loop_governor.ladder import offered
+from loop_governor.ladder import offered_tools
 
 
 class GovernorState(AgentState[Any]):
@@ -135,15 +135,6 @@ def _amodel_only(
             raise PassThrough(exc) from None
 
     return attempt
-
-
-def tool_name(tool: Any) -> str:
-    """A model request's tool's name: a ``BaseTool``, or a provider tool dict (flat or
-    OpenAI's ``{"type": "function", "function": {...}}``)."""
-    if isinstance(tool, dict):
-        inner = tool.get("function")
-        return str((inner if isinstance(inner, dict) else tool).get("name", ""))
-    return str(getattr(tool, "name", ""))
 
 
 class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
@@ -306,10 +297,8 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
         """The request's tools less the withdrawn ones (the ladder's step before a stop,
         :mod:`loop_governor.ladder`); with none left the model can only answer."""
-        keep = offered(scope, [tool_name(t) for t in request.tools])
-        if all(keep):
-            return request
-        return request.override(tools=[t for t, kept in zip(request.tools, keep, strict=True) if kept])
+        kept = offered_tools(scope, request.tools)
+        return request if kept is None else request.override(tools=kept)
 
     def _model_call(
         self, request: ModelRequest[Any], handler: Callable[..., Any], capture: PromptCapture

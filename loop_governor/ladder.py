@@ -16,10 +16,12 @@ task. Every withdrawal is a ``tool_withdrawn`` event (and so a span and a log li
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loop_governor.call import TOOL, Call, Policy, Resumed
 from loop_governor.errors import AgentToolError, ErrorType, GovernedError, NoProgressError, PermanentError
+
+_T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -99,6 +101,23 @@ def offered(scope: TaskScope, names: Sequence[str]) -> list[bool]:
     answer; a tool call it makes anyway ends the run."""
     rt, withdrawn = scope.governor.rt, scope.withdrawn
     return [name not in withdrawn or _lapsed(rt, scope, name) for name in names]
+
+
+def tool_name(tool: Any) -> str:
+    """A model request's tool's name, duck-typed (the core imports no framework): a tool
+    object's ``name``, or a provider tool dict, flat or OpenAI's ``{"type": "function",
+    "function": {...}}``."""
+    if isinstance(tool, dict):
+        inner = tool.get("function")
+        return str((inner if isinstance(inner, dict) else tool).get("name", ""))
+    return str(getattr(tool, "name", ""))
+
+
+def offered_tools(scope: TaskScope, tools: Sequence[_T]) -> list[_T] | None:
+    """For adapters: a model request's ``tools`` less the withdrawn ones, or None when
+    none of them is withdrawn (the request goes out as it is)."""
+    keep = offered(scope, [tool_name(t) for t in tools])
+    return None if all(keep) else [t for t, kept in zip(tools, keep, strict=True) if kept]
 
 
 class Withdrawn(Policy):

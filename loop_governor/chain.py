@@ -456,6 +456,9 @@ class Chain:
     def _close_failed(self, plan: Plan, call: Call, error: AgentToolError) -> AgentToolError:
         for moment in plan.after_failure:
             error = moment(call, error)
+        fmt = self.rt.config.error_format
+        if fmt != "text":
+            error.info = error.info.rendered(fmt)  # what the model reads, as configured
         return error
 
 

@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from loop_governor.breaker import BreakerPolicy
+from loop_governor.errors import ErrorFormat
 
 ErrorClass = Literal["transient", "permanent", "fatal"]
 
@@ -242,6 +243,11 @@ class GovernorConfig(BaseSettings):
     rate_limit_per_s: float | None = Field(default=None, gt=0, description="per tool, shared through the store")
     rate_burst: int | None = Field(default=None, ge=1)
     unknown_error: ErrorClass = "permanent"
+    error_format: ErrorFormat = Field(
+        default="text",
+        description='how the model reads a governed failure: "text" (Error: <the tool\'s message>, then what to '
+        'do) or "json" (the same fields as one compact JSON object)',
+    )
     store_url: str = "memory://"
     checkpoint_url: str | None = None
     trace_path: str | None = None

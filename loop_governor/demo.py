@@ -8,7 +8,6 @@ given the governor's structured error it follows ``retryable`` and moves on.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loop_governor.config import GovernorConfig
-from loop_governor.errors import AgentToolError, FatalError
+from loop_governor.errors import AgentToolError, FatalError, read_model_text
 from loop_governor.governor import Governor
 
 
@@ -115,7 +114,7 @@ def _run_governed(console: Console) -> tuple[int, list[list[str]], float]:
                 except AgentToolError as exc:
                     text = exc.info.to_model_text()
                     rows.append([tool_name, str(attempt), str(tool.calls - before), text])
-                    if not json.loads(text)["error"].get("retryable", False):
+                    if not (read_model_text(text) or {}).get("retryable", False):
                         break  # the model follows the structured advice and moves on
     return sum(t.calls for t in tools.values()), rows, clock.now
 

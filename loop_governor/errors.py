@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from loop_governor.redaction import redact
 
 MAX_MESSAGE_CHARS = 500
+
+# How the model reads a governed failure (``GovernorConfig(error_format=...)``): plain text
+# (the default) or the compact JSON object. Both are byte-stable for the same failure.
+ErrorFormat = Literal["text", "json"]
+ERROR_FORMATS: tuple[ErrorFormat, ...] = ("text", "json")
 
 
 class ErrorType(str, Enum):
@@ -35,6 +41,13 @@ class ErrorType(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+
+# the classification as the plain-text rendering names it
+_KIND_WORDS = {
+    ErrorType.TRANSIENT: "Temporary failure",
+    ErrorType.PERMANENT: "Permanent failure",
+    ErrorType.FATAL: "Fatal",
+}
 
 SEVERITY: dict[ErrorType, int] = {ErrorType.TRANSIENT: 0, ErrorType.PERMANENT: 1, ErrorType.FATAL: 2}
 
@@ -49,8 +62,10 @@ def truncate(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 class GovernedError(BaseModel):
     """The structured, model-facing outcome of a failed governed call.
 
-    ``to_model_text`` is what the model reads: compact JSON with a fixed key order, so
-    the same failure yields byte-identical text (and the provider's prompt cache holds).
+    ``to_model_text`` is what the model reads: plain text by default, leading with the
+    tool's own message, or compact JSON with a fixed key order
+    (``GovernorConfig(error_format="json")``). Either way the same failure yields
+    byte-identical text, so the provider's prompt cache holds.
     """
 
     model_config = ConfigDict(frozen=True, use_enum_values=False)
@@ -66,6 +81,8 @@ class GovernedError(BaseModel):
     retry_after: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     advice: str | None = None
     count: int | None = None
+    # the format the governor that made this outcome renders it in (see ``rendered``)
+    _format: ErrorFormat = PrivateAttr(default="text")
 
     @field_validator("message")
     @classmethod
@@ -91,7 +108,44 @@ class GovernedError(BaseModel):
             return "not attempted"
         return f"retries exhausted: {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
 
-    def to_model_text(self) -> str:
+    def to_model_text(self, format: ErrorFormat | None = None) -> str:
+        """What the model reads, in ``format`` (default: the format of the governor that
+        made this outcome, ``GovernorConfig.error_format``, else plain text).
+
+        Plain text leads with ``Error: <the tool's own message>``, then one sentence: the
+        classification and what to do. Measured with a 1.5B model on 127.0.0.1 (start the
+        engine, which fails until the brake is pressed; 10 seeds each): the bare agent's
+        "Error: ..." string solved it 5 times, the governor's JSON 0 times, the same
+        governor rendering plain text 3 times. The JSON form (``{"error": {...}}``, the
+        tool's message first too) suits agents and tools that parse the outcome."""
+        if (format or self._format) == "json":
+            return self.to_json_text()
+        return self.to_plain_text()
+
+    def to_plain_text(self) -> str:
+        """``Error: <message>`` and, on the next line, one sentence: the classification and
+        what to do (``Permanent failure: ...``): the tool's own words first, then what the
+        governor made of them."""
+        message = self.message or (f"{self.tool} failed" if self.tool else "the call failed")
+        note = _KIND_WORDS[self.error_type]
+        if self.error_type is ErrorType.TRANSIENT:
+            note += ", " + self.outcome_text().replace("retries exhausted: ", "retries exhausted after ")
+        advice = (self.advice or "").strip()
+        if advice:
+            note = f"{note}: {advice}"
+        if not note.endswith((".", "!", "?")):
+            note += "."
+        return f"Error: {message}\n{note}"
+
+    def rendered(self, format: ErrorFormat) -> GovernedError:
+        """This outcome, to be read in ``format`` (a copy, unless it already is)."""
+        if self._format == format:
+            return self
+        copy = self.model_copy()
+        copy._format = format
+        return copy
+
+    def to_json_text(self) -> str:
         """Compact, stable JSON ``{"error": {...}}``; ``None`` fields are left out.
 
         The tool's own message comes first: a model reading "Brake pedal must be pressed"
@@ -119,6 +173,46 @@ class GovernedError(BaseModel):
         if self.advice is not None:
             body["advice"] = self.advice
         return json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+# The plain-text rendering (``to_plain_text``): the message (which may span lines), then the
+# classification line.
+_PLAIN = re.compile(
+    r"Error: (?P<message>.*?)\n(?P<kind>Temporary failure|Permanent failure|Fatal)"
+    r"(?:, (?P<outcome>[^:\n]*))?(?:: (?P<advice>[^\n]*?))?\.?(?:\n|\Z)",
+    re.S,
+)
+_KIND_TYPES = {"Temporary failure": "transient", "Permanent failure": "permanent", "Fatal": "fatal"}
+
+
+def read_model_text(text: object) -> dict[str, Any] | None:
+    """The fields of the governed failure a text carries, in either format (``type``,
+    ``message``, ``advice``; the JSON form has every field it rendered), or None when it
+    carries none. The failure may sit inside a longer text (a framework's "Error executing
+    tool: ..." prose). For readers of tool results: the bench's scripted models, memory
+    filters, tests."""
+    if not isinstance(text, str) or ("Error" not in text and '"error"' not in text):
+        return None
+    start = text.find('{"error":')
+    if start >= 0:
+        try:
+            parsed, _ = json.JSONDecoder().raw_decode(text, start)
+        except ValueError:
+            parsed = None
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        if isinstance(error, dict) and error.get("type") in _KIND_TYPES.values():
+            return error
+    match = _PLAIN.search(text)
+    if match is None:
+        return None
+    fields: dict[str, Any] = {"message": match["message"], "type": _KIND_TYPES[match["kind"]]}
+    if match["outcome"]:
+        fields["outcome"] = match["outcome"]
+        if match["outcome"] == "may be retried":
+            fields["retryable"] = True
+    if match["advice"]:
+        fields["advice"] = match["advice"]
+    return fields
 
 
 class AgentToolError(Exception):

@@ -343,7 +343,9 @@ class Governor:
         now = self.clock()
         if now < ready_at:
             admission = Admission(False, state=rec.state, retry_in=ready_at - now, failures=rec.failures)
-            raise circuit_open(TOOL, tool, admission)
+            refusal = circuit_open(TOOL, tool, admission)
+            refusal.info = refusal.info.rendered(self.config.error_format)
+            raise refusal
 
     # -- checkpoints -----------------------------------------------------------------------
 

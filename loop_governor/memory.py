@@ -58,6 +58,8 @@ Reason = Literal["governed_error", "traceback", "failed_result"]
 _GOVERNED_JSON = re.compile(
     r'\{\\*"error\\*":\s*\{.{0,4000}?\\*"type\\*":\s*\\*"(?:transient|permanent|fatal)\\*"', re.S
 )
+# ... and its plain-text rendering (the default): "Error: <message>" and the classification line.
+_GOVERNED_TEXT = re.compile(r"Error: .{0,4000}?\n(?:Temporary failure|Permanent failure|Fatal)(?:, [^:\n]*)?: ", re.S)
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):|^\s*File \"[^\"\n]+\", line \d+, in ", re.M)
 # Keys a record carries its own failure mark under.
 _STATUS_KEYS = ("status", "tool_status")
@@ -105,6 +107,8 @@ def failure_reason(value: Any) -> Reason | None:
     """
     if isinstance(value, str):
         if "error" in value and _GOVERNED_JSON.search(value):
+            return "governed_error"
+        if "Error: " in value and _GOVERNED_TEXT.search(value):
             return "governed_error"
         if ("Traceback" in value or 'File "' in value) and _TRACEBACK.search(value):
             return "traceback"

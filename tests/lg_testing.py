@@ -65,3 +65,13 @@ class Backend:
 
     async def acall(self, *args: object, **kwargs: object) -> str:
         return self(*args, **kwargs)
+
+
+def governed(text: object) -> dict[str, object]:
+    """The governed failure a tool result carries (either rendering): ``type``,
+    ``message``, ``advice`` and, in the plain text, ``outcome``; fails the test if none."""
+    from loop_governor.errors import read_model_text
+
+    fields = read_model_text(str(text))
+    assert fields is not None, f"no governed failure in {text!r}"
+    return fields

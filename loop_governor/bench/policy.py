@@ -48,6 +48,7 @@ from loop_governor.bench.world import (
     TaskSpec,
     varied,
 )
+from loop_governor.errors import read_model_text
 
 PATIENCE = 30
 """Identical plain-error failures the obedient and stubborn models accept before trying something else."""
@@ -106,16 +107,9 @@ class Seen:
 
 
 def governed_error(text: str) -> dict[str, Any] | None:
-    """The governor's error body if ``text`` carries one (crewAI may wrap it in prose)."""
-    start = text.find('{"error":')
-    if start < 0:
-        return None
-    try:
-        body, _ = json.JSONDecoder().raw_decode(text, start)
-    except ValueError:
-        return None
-    error = body.get("error") if isinstance(body, dict) else None
-    return error if isinstance(error, dict) else None
+    """The governor's error fields if ``text`` carries them, in either rendering (crewAI may
+    wrap them in prose)."""
+    return read_model_text(text)
 
 
 class Behaviour(Protocol):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import loop_governor as lg
+from loop_governor.errors import read_model_text
 
 
 def test_defaults_are_the_seeds() -> None:
@@ -106,14 +107,40 @@ def test_model_text_is_stable_compact_and_bounded() -> None:
         attempts=3,
         advice="use another tool",
     )
-    text = info.to_model_text()
-    assert text == lg.GovernedError.model_validate_json(info.model_dump_json()).to_model_text()
+    text = info.to_model_text("json")
+    assert text == lg.GovernedError.model_validate_json(info.model_dump_json()).to_model_text("json")
     body = json.loads(text)["error"]
     assert list(body) == ["message", "type", "outcome", "tool", "status", "attempts", "advice"]
     assert body["outcome"] == "retries exhausted: 3 attempts"
     assert len(body["message"]) <= 500
     head = text.split('"message"')[0]
     assert ', "' not in head and '": ' not in head  # compact separators
+
+
+def test_the_default_model_text_is_plain_stable_and_leads_with_the_tools_message() -> None:
+    info = lg.GovernedError(
+        error_type="transient", tool="search", status=503, message="x" * 2000, signature="s", attempts=3,
+        advice="use another tool",
+    )
+    text = info.to_model_text()
+    assert text == lg.GovernedError.model_validate_json(info.model_dump_json()).to_model_text()
+    first, second = text.split("\n")
+    assert first.startswith("Error: xxx") and len(first) <= len("Error: ") + 500
+    assert second == "Temporary failure, retries exhausted after 3 attempts: use another tool."
+    assert read_model_text(text) == {
+        "message": info.message, "type": "transient", "outcome": "retries exhausted after 3 attempts",
+        "advice": "use another tool",
+    }
+    # the configured format is what every governed outcome renders in
+    g = lg.Governor(lg.GovernorConfig(error_format="json", retry_max_attempts=1))
+    with pytest.raises(lg.AgentToolError) as caught:
+        g.call("search", _raise, ValueError("nope"))
+    assert json.loads(caught.value.info.to_model_text())["error"]["message"] == "ValueError: nope"
+    assert caught.value.info.to_model_text("text").startswith("Error: ValueError: nope\nPermanent failure: ")
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
 
 
 @pytest.mark.parametrize(

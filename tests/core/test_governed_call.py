@@ -32,7 +32,7 @@ def test_transient_forever_gives_one_structured_outcome(gov: lg.Governor) -> Non
     with gov.task("t"), pytest.raises(lg.TransientError) as err:
         gov.call("search", backend)
     assert backend.calls == 3
-    body = json.loads(err.value.info.to_model_text())["error"]
+    body = json.loads(err.value.info.to_model_text("json"))["error"]
     assert body["type"] == "transient"
     assert body["attempts"] == 3
     assert body["outcome"] == "retries exhausted: 3 attempts"

@@ -34,7 +34,7 @@ def test_the_model_reads_the_exception_type_and_signatures_stay_as_they_were(gov
             gov.call("lookup", _lookup, {}, "foo")
         texts.append(err.value.info.to_model_text())
     assert texts[0] == texts[1]  # identical failures, identical bytes (prompt cache)
-    assert '"message":"KeyError: \'foo\'"' in texts[0]
+    assert texts[0].startswith("Error: KeyError: 'foo'\nPermanent failure: ")
 
 
 EVIL = "db\x1b[2J\x1b]8;;http://evil.example\x07click\x1b]8;;\x07\u202ecod.exe[red]x[/red]"

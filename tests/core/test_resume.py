@@ -46,7 +46,7 @@ def test_resumed_task_skips_completed_and_known_bad_calls(tmp_path: Path, clock:
         assert gov2.call("search", search, "q2") == "ok"  # new work runs
         scope.add_result({"section": 2})
     assert (search.calls, missing.calls) == (2, 1)
-    assert json.loads(err.value.info.to_model_text())["error"]["status"] == 404
+    assert json.loads(err.value.info.to_model_text("json"))["error"]["status"] == 404
     stored = FileCheckpointStore(tmp_path / "cps").load("job-1")
     assert stored is not None and stored.results == [{"section": 1}, {"section": 2}]
 

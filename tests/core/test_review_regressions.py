@@ -70,7 +70,7 @@ def test_retry_after_stays_finite_and_whole_seconds_in_model_text(gov: lg.Govern
     assert lg.classify(HTTPError(429, "x", {"retry-after": "inf"})).retry_after == 86_400
     assert lg.classify(HTTPError(429, "x", {"retry-after": "nan"})).retry_after is None
     texts = {
-        lg.GovernedError(error_type="transient", tool="t", message="m", retry_after=wait).to_model_text()
+        lg.GovernedError(error_type="transient", tool="t", message="m", retry_after=wait).to_model_text("json")
         for wait in (29.01, 29.6, 30.0)
     }
     assert texts == {json.dumps(json.loads(next(iter(texts))), separators=(",", ":"))}

@@ -289,7 +289,8 @@ def test_the_model_reads_that_retries_are_spent_counting_real_attempts(gov: lg.G
         with pytest.raises(lg.TransientError) as err:
             gov.call(f"search{_}", backend)
         texts.append(err.value.info.to_model_text().replace(f"search{_}", "search"))
-        body = json.loads(texts[-1])["error"]
+        body = json.loads(err.value.info.to_model_text("json"))["error"]
         assert backend.calls == body["attempts"] == 3
         assert body["outcome"] == "retries exhausted: 3 attempts" and "retryable" not in body
+        assert "retries exhausted after 3 attempts" in texts[-1]
     assert texts[0] == texts[1]  # byte-stable: the prompt cache holds

@@ -24,6 +24,7 @@ from lg_testing import no_asleep, no_sleep  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
 import loop_governor as lg  # noqa: E402
+from loop_governor.errors import _PLAIN, read_model_text  # noqa: E402
 
 
 def all_text(llm: ScriptedLLM) -> str:
@@ -32,7 +33,8 @@ def all_text(llm: ScriptedLLM) -> str:
 
 
 def governed_errors(llm: ScriptedLLM) -> list[dict[str, Any]]:
-    """The governor's JSON error bodies found in what the model was shown (last call)."""
+    """The governed failures found in what the model was shown (last call), in either
+    rendering: the JSON bodies, or the fields of each plain "Error: ..." text."""
     found: list[dict[str, Any]] = []
     decoder = json.JSONDecoder()
     for m in llm.received[-1]:
@@ -42,6 +44,10 @@ def governed_errors(llm: ScriptedLLM) -> list[dict[str, Any]]:
             body, end = decoder.raw_decode(text, start)
             found.append(body["error"])
             start = text.find('{"error":', end)
+        for match in _PLAIN.finditer(text):
+            fields = read_model_text(match.group(0))
+            assert fields is not None
+            found.append(fields)
     return found
 
 

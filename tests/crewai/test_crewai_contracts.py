@@ -10,13 +10,13 @@ JSON alone.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
 from crewai.events.event_bus import crewai_event_bus
 from crewai.events.types.tool_usage_events import ToolUsageErrorEvent, ToolUsageFinishedEvent
 from crewai.tools.tool_failure import ToolFailureReason
+from lg_testing import governed
 
 import loop_governor as lg
 from crewai_governor import govern_tool
@@ -71,12 +71,13 @@ def test_a_failing_governed_tool_is_a_failed_tool_call_to_crewai(kit: Any, gover
     assert out.raw == "done"
     # crewAI's error event, never its success event, for the failed call
     assert events.errors and not events.finished
-    assert all(json.loads(str(e.error))["error"]["type"] == "transient" for e in events.errors)
+    assert all(governed(e.error)["type"] == "transient" for e in events.errors)
     # counted as tool errors, recorded as a raised failure
     assert crew.tasks[0].tools_errors >= 1
     failures = out.tasks_output[0].tool_failures
     assert [f.failure.reason for f in failures] == [ToolFailureReason.EXCEPTION]
-    assert json.loads(failures[0].failure.message)["error"]["attempts"] == governor.config.retry_max_attempts
+    attempts = governor.config.retry_max_attempts
+    assert f"retries exhausted after {attempts} attempts" in failures[0].failure.message
     # the governor retried; crewAI's ReAct loop (3 attempts x 2 invocations) did not add any
     assert backend.count == governor.config.retry_max_attempts
     # what the model read after the call: the governor's JSON, without crewAI's wording
@@ -84,7 +85,7 @@ def test_a_failing_governed_tool_is_a_failed_tool_call_to_crewai(kit: Any, gover
     seen = [m for m in answer_prompt if m.get("role") == "tool"] if native else answer_prompt[-2:-1]
     text = str(seen[-1]["content"])
     body = text.split("Observation: ", 1)[-1]
-    assert json.loads(body)["error"]["status"] == 503
+    assert governed(body)["message"] == "HTTPStatusError: HTTP 503: backend says no" and body.startswith("Error: HTTP")
     assert "Error executing tool" not in text and "I encountered an error" not in text
 
 

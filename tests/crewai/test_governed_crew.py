@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from crewai.tools import tool
 from crewai.tools.tool_failure import ToolFailureReason
+from lg_testing import governed
 
 import loop_governor as lg
 from crewai_governor import govern_tool, govern_tools, install
@@ -51,15 +51,15 @@ def test_governed_503_reaches_backend_at_most_8_times(kit: Any, native: bool, mo
     errors = kit.governed_errors(llm)
     assert len(errors) == 4
     assert {e["type"] for e in errors} == {"transient"}
-    assert all(e["tool"] == "search_docs" and "retryable" not in e for e in errors)
-    assert errors[0]["outcome"] == f"retries exhausted: {governor.config.retry_max_attempts} attempts"
+    assert all("search_docs" in e["advice"] and "retryable" not in e for e in errors)
     # the first request was retried inside the governor; the model saw one outcome
-    assert errors[0]["status"] == 503 and errors[0]["attempts"] == governor.config.retry_max_attempts
+    assert errors[0]["outcome"] == f"retries exhausted after {governor.config.retry_max_attempts} attempts"
+    assert "service unavailable" in errors[0]["message"]
     # crewAI recorded the failures as the tool's own (raised), carrying the governor's JSON
     failures = out.tasks_output[0].tool_failures
     assert len(failures) == 4
     assert all(f.failure.reason is ToolFailureReason.EXCEPTION for f in failures)
-    assert all(json.loads(f.failure.message)["error"]["tool"] == "search_docs" for f in failures)
+    assert all(governed(f.failure.message)["advice"].startswith("search_docs ") for f in failures)
 
 
 def test_governed_beats_crewai_alone_on_react(kit: Any, governor: lg.Governor) -> None:
@@ -86,8 +86,7 @@ def test_404_reaches_backend_once(kit: Any, native: bool, governor: lg.Governor)
     assert out.raw == "gave up on it"
     assert backend.count == 1
     errors = kit.governed_errors(llm)
-    assert errors and errors[0]["type"] == "permanent" and errors[0]["status"] == 404
-    assert errors[0]["attempts"] == 1
+    assert errors and errors[0]["type"] == "permanent" and errors[0]["message"].endswith("no such page")
 
 
 def test_404_without_install_in_explicit_task_scope(kit: Any, governor: lg.Governor) -> None:
@@ -180,7 +179,7 @@ def test_open_breaker_short_circuits_before_the_tool(
     shown = "\n".join(str(m.get("content")) for m in llm.received[-1])
     assert "Tool execution blocked by hook" not in shown
     errors = kit.governed_errors(llm)
-    assert [e.get("code") for e in errors[1:]] == ["circuit_open"] * 3
+    assert ["circuit breaker is open" in e["message"] for e in errors[1:]] == [True] * 3
     assert all(e["type"] == "transient" for e in errors)
 
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from lg_testing import governed
 
 import loop_governor as lg
 from crewai_governor import GovernorEventListener, govern_tool, install
@@ -77,7 +78,7 @@ def test_governed_failures_reach_the_governor_once(
     failures = [e for e in events if e["event"] == "tool_failure"]
     assert len(failures) == 1
     assert failures[0]["governed"] is True and failures[0]["reason"] == "exception"
-    assert json.loads(failures[0]["message"])["error"]["type"] == "permanent"
+    assert governed(failures[0]["message"])["type"] == "permanent"
 
 
 def test_ungoverned_tools_are_reported_from_crewai_events(

@@ -123,7 +123,7 @@ def test_failures_are_never_cached_by_crewai(kit: Any, governor: lg.Governor) ->
     # the second identical request reached the (recovered) service instead of a cached 503
     assert backend.count == governor.config.retry_max_attempts + 1
     tool_results = [m["content"] for m in llm.received[-1] if m.get("role") == "tool"]
-    assert '"type":"transient"' in tool_results[0] and tool_results[1].startswith("results for")
+    assert "Temporary failure" in tool_results[0] and tool_results[1].startswith("results for")
 
 
 def test_inner_cache_function_still_applies(kit: Any, governor: lg.Governor) -> None:

@@ -531,7 +531,7 @@ def test_crew_real_loops_end_within_8_model_calls(
 # -- what the model reads after a failed precondition -----------------------------------------
 # the model reads the tool's own words first: the governor's JSON opens with them
 _OWN_MESSAGE = re.compile(
-    r'^(?:\{"error":\{"message":")?(?:\w+: )?Brake pedal must be pressed when starting the engine'
+    r'^(?:\{"error":\{"message":"|Error: )?(?:\w+: )?Brake pedal must be pressed when starting the engine'
 )
 
 

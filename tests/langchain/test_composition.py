@@ -8,7 +8,6 @@ what they do without the governor; the governor only handles the tool's own fail
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, interrupt
+from lg_testing import governed
 from pydantic import BaseModel, ValidationError
 
 import loop_governor as lg
@@ -311,7 +311,7 @@ def test_an_outer_retry_wrapper_sees_the_exception_and_retries_do_not_multiply(l
     assert len(wrapper.failures) == 3  # it saw the failure each time ...
     assert len(backend.calls) == governor.config.retry_max_attempts  # ... replayed, not re-run
     [message] = lc.tool_messages(out["messages"])
-    assert message.status == "error" and json.loads(message.content)["error"]["type"] == "transient"
+    assert message.status == "error" and governed(message.content)["type"] == "transient"
 
 
 # -- 6. a chat-only agent keeps its graph ------------------------------------------------------

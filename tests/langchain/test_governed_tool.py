@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 from typing import Any
 
 import pytest
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool, tool
+from lg_testing import governed
 from pydantic import BaseModel
 
 import loop_governor as lg
@@ -87,18 +87,18 @@ def test_permanent_failure_becomes_error_tool_message(lc: Any, governor: lg.Gove
     assert isinstance(message, ToolMessage)
     assert message.status == "error"
     assert message.tool_call_id == "call_1"
-    error = json.loads(message.content)["error"]
+    error = governed(message.content)
     assert error["type"] == "permanent"
-    assert error["status"] == 404
-    assert error["tool"] == "fetch_page"
+    assert "404" in error["message"]
+    assert "fetch_page" in error["advice"]
     assert len(backend.calls) == 1
 
 
-def test_without_a_tool_call_the_error_is_the_plain_json_string(lc: Any, governor: lg.Governor) -> None:
+def test_without_a_tool_call_the_error_is_the_plain_model_text(lc: Any, governor: lg.Governor) -> None:
     fetch = govern_tool(make_fetch(lc.Backend([404])), governor)
     result = fetch.invoke({"url": "https://x/missing"})
     assert isinstance(result, str)
-    assert json.loads(result)["error"]["type"] == "permanent"
+    assert governed(result)["type"] == "permanent" and result.startswith("Error: ")
 
 
 def test_transient_failures_are_retried_inside_one_invoke(lc: Any, governor: lg.Governor, sleeps: Any) -> None:
@@ -130,7 +130,7 @@ async def test_async_paths_govern_the_same_way(lc: Any, governor: lg.Governor) -
     missing = govern_tool(make_afetch(lc.Backend([404])), governor)
     message = await missing.ainvoke(_tool_call("fetch_page", {"url": "https://x/b"}, "call_2"))
     assert message.status == "error"
-    assert json.loads(message.content)["error"]["type"] == "permanent"
+    assert governed(message.content)["type"] == "permanent"
 
     with pytest.raises(lg.FatalError):
         await govern_tool(make_afetch(lc.Backend([401])), governor).ainvoke(

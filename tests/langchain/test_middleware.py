@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.memory import InMemorySaver
+from lg_testing import governed
 
 import loop_governor as lg
 from langchain_governor import GovernorMiddleware, govern_tool
@@ -37,7 +37,7 @@ def fetch_tool(backend: Callable[..., str]) -> BaseTool:
 
 
 def errors_in(messages: list[BaseMessage]) -> list[dict[str, Any]]:
-    return [json.loads(m.content)["error"] for m in messages if isinstance(m, ToolMessage) and m.status == "error"]
+    return [governed(m.content) for m in messages if isinstance(m, ToolMessage) and m.status == "error"]
 
 
 def test_without_middleware_a_failing_tool_aborts_the_run(lc: Any) -> None:
@@ -59,10 +59,10 @@ def test_permanent_error_reaches_the_model_and_the_run_completes(mode: str, lc: 
     tool_message = next_prompt[-1]
     assert isinstance(tool_message, ToolMessage)
     assert tool_message.status == "error"
-    error = json.loads(tool_message.content)["error"]
+    error = governed(tool_message.content)
     assert error["type"] == "permanent"
-    assert error["status"] == 404
-    assert error["tool"] == "fetch_page"
+    assert "404" in error["message"]
+    assert "fetch_page" in error["advice"]
     assert len(backend.calls) == 1
 
 
@@ -96,8 +96,8 @@ def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(mode: str, lc: An
     # it kept calling, so the run ended instead of spending the rest of its 10 calls
     assert stopped.value.info.code == "repeated_refusal"
     errors = errors_in(model.prompts[-1])
-    assert any(e.get("code") == "circuit_open" for e in errors)
-    refused = [e for e in errors if e.get("code") == "circuit_open"]
+    refused = [e for e in errors if "circuit breaker is open" in e["message"]]
+    assert refused
     assert refused[0]["outcome"] == "not attempted" and "retryable" not in refused[0]  # no request made
     assert "withdraw fetch_page from your tools" in refused[0]["advice"]  # the ladder's next step
     assert "fetch_page is now withdrawn" in errors[-1]["advice"]  # then the stop, when called anyway

@@ -6,7 +6,6 @@ make the model read attempts that were never made."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import ToolRetryMiddleware
 from langchain_core.tools import StructuredTool, tool
+from lg_testing import governed
 
 import loop_governor as lg
 from langchain_governor import GovernorMiddleware, govern_tools
@@ -126,6 +126,5 @@ def test_tool_retry_middleware_around_the_governor_reads_the_real_attempts(gover
     agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor), retry])
     (message,) = lc.tool_messages(agent.invoke({"messages": [("user", "go")]})["messages"])
     assert len(backend.calls) == 1  # the retries were answered from the known outcome
-    body = json.loads(message.content[message.content.index('{"error"') :].rsplit(". Please try again.", 1)[0])
-    assert body["error"]["attempts"] == 1  # real requests only
-    assert body["error"]["outcome"] == "will fail again if repeated"
+    body = governed(message.content)
+    assert body["type"] == "permanent" and "retries exhausted" not in message.content  # real requests only

@@ -85,10 +85,10 @@ def test_a_failed_tool_result_never_reaches_the_store(
     memory.drain_writes()
 
     assert len(calls) == 2
-    assert '"type":"permanent"' in out.tasks_output[0].raw  # the crew did relay the failure
+    assert "Permanent failure: " in out.tasks_output[0].raw  # the crew did relay the failure
     stored = [r.content for r in lance.list_records()]
     assert len(stored) == 1 and "metric units are the default" in stored[0]
-    assert not any('"error"' in s for s in stored)
+    assert not any("Permanent failure" in s for s in stored)
     assert [e["reason"] for e in mk.named(events, "memory_dropped")] == ["governed_error"]
     memory.close()
 
@@ -103,7 +103,7 @@ def test_the_same_crew_without_the_wrapper_stores_the_failure(tmp_path: Any, gov
     memory.drain_writes()
 
     stored = [r.content for r in lance.list_records()]
-    assert len(stored) == 2 and any('"type":"permanent"' in s for s in stored)
+    assert len(stored) == 2 and any("Permanent failure: " in s for s in stored)
     memory.close()
 
 

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, args_text, result_text
+from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, args_subject, args_text, result_text
 from loop_governor.keys import call_key
 from loop_governor.scope_vars import _CALL_META
 
@@ -119,6 +119,7 @@ class Call:
     _args_text: str | None = None
     _fingerprint: Fingerprint | None = None
     _args_sig: tuple[int, int] | None = None
+    _subject: tuple[int, int] | None = None
 
     def __init__(
         self,
@@ -167,6 +168,15 @@ class Call:
         if self._args_sig is None:
             self._args_sig = args_signature(self.args, self.kwargs)
         return self._args_sig
+
+    @property
+    def subject(self) -> tuple[int, int]:
+        """``(entity, content)`` of the arguments (see :func:`~loop_governor.fingerprint.args_subject`):
+        calls with the same entity ask the same question, revised or not. Computed on first use
+        (a repeat or a failure asks for it, a healthy call never does)."""
+        if self._subject is None:
+            self._subject = args_subject(self.args, self.kwargs)
+        return self._subject
 
     @property
     def key_if_known(self) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
-from loop_governor.fingerprint import Fingerprint, result_text, walks
+from loop_governor.fingerprint import Fingerprint, content_values, echoes, result_text, walks
 from loop_governor.ladder import withdraw, withdraw_at
 
 if TYPE_CHECKING:
@@ -130,8 +130,11 @@ class ProgressGuard:
         if prev is not None and decision is not None and prev.decision == decision:
             return OK  # a parallel call of the same model turn: one decision, not a repeat
         seen = _Seen(fp, call, decision, world)
-        if prev is None or prev.moved(world) or not seen.repeats(prev):
-            by_tool[tool] = seen  # a new verdict: no streak (triviality doesn't matter yet)
+        relation = None if prev is None else seen.repeats(prev)
+        if prev is None or relation is None or (relation == _SAME and prev.moved(world)):
+            # a new verdict (no streak; triviality doesn't matter yet), or the same question
+            # again after something else may have changed the world: a re-check after a fix
+            by_tool[tool] = seen
             return OK
         if is_trivial(fp.text, self.trivial_chars):
             # "0" again after "0": an exit code, not a verdict. pop, not del: parallel tool
@@ -178,28 +181,38 @@ class _Seen:
             return False
         return walks(prev.call.args_text, self.call.args_text)
 
-    def repeats(self, prev: _Seen) -> bool:
-        """Whether this result repeats ``prev``'s verdict.
+    def repeats(self, prev: _Seen) -> str | None:
+        """How this result repeats ``prev``'s verdict: ``"same"`` (the same question, the same
+        answer but for numbers, ids and timestamps), ``"revised"`` (a revision of the same
+        question -- another draft for the same critic -- got the same verdict), ``"walked"``
+        (a walk on to the next page got the very same answer), or None (no repeat).
 
-        A different question is progress: calls whose arguments differ in anything but a
-        walking position (page, offset, cursor, a line range) ask about other things -- five
-        cities' weather, alike but for the numbers, is five answers. So the verdict repeats
-        when the same question gets the same answer but for numbers, ids and timestamps (a
-        critic's score moves, its verdict does not), or when a walk to the next page gets
-        the very same answer.
+        A different question is progress: calls about other entities (five cities' weather,
+        ten order ids, alike but for the numbers) are five answers, whatever they say. A
+        critic's score moves, its verdict does not: revisions are compared normalized.
         """
         fp, before = self.fp, prev.fp
         if fp.cheap != before.cheap and (fp.size > 4096 or abs(fp.size - before.size) > max(16, fp.size // 8)):
-            return False  # not the same shape: no normalization can make them equal (most calls)
+            return None  # not the same shape: no normalization can make them equal (most calls)
         if self.call is None or prev.call is None:  # no question given: the answers alone
-            return self.call is None and prev.call is None and fp.same_as(before)
+            return _SAME if self.call is None and prev.call is None and fp.same_as(before) else None
         mine, theirs = self.call.args_signature, prev.call.args_signature
         if mine == theirs:
-            return fp.text == before.text or fp.same_as(before)
-        if fp.text != before.text:
-            return False
-        # the very same answer to a call that only walked on (another page, a later range)
-        return mine[0] == theirs[0] or self.walked_from(prev)
+            return _SAME if fp.text == before.text or fp.same_as(before) else None
+        if mine[0] == theirs[0]:  # the same call but for a walking argument (page, offset, cursor)
+            return _WALKED if fp.text == before.text else None
+        if self.call.subject[0] == prev.call.subject[0]:
+            if fp.text != before.text and fp.named != before.named:
+                return None
+            mine_c = content_values(self.call.args, self.call.kwargs)
+            theirs_c = content_values(prev.call.args, prev.call.kwargs)
+            return None if echoes(fp.text, before.text, mine_c, theirs_c) else _REVISED
+        # other entities: no repeat, unless only numbers that walk moved (a line range through
+        # a file) and the answer is the very same
+        return _WALKED if fp.text == before.text and self.walked_from(prev) else None
+
+
+_SAME, _REVISED, _WALKED = "same", "revised", "walked"
 
 
 class NoProgress(Policy):

@@ -198,8 +198,8 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
         assert offered(scope, ["fetch_doc", "search"]) == [False, True]
         with pytest.raises(lg.NoProgressError) as persisted:
             gov.call("fetch_doc", backend, 43)  # the model calls it anyway: the run ends
-    assert "2 more identical calls with nothing fixed in between withdraw fetch_doc" in advice[0]
-    assert "the next identical call with nothing fixed in between withdraws fetch_doc" in advice[1]
+    assert "2 more identical calls failing the same way withdraw fetch_doc" in advice[0]
+    assert "the next identical call failing the same way withdraws fetch_doc" in advice[1]
     assert "fetch_doc is now withdrawn" in advice[2] and "Calling it again ends the task" in advice[2]
     assert [(e["tool"], e["code"]) for e in withdrawn] == [("fetch_doc", "repeated_failure")]
     assert persisted.value.partial_results[:1] == ["summary so far"]
@@ -222,7 +222,8 @@ def test_each_fix_lets_the_retry_run_and_a_success_ends_the_count(clock: Virtual
                 gov.call("start_engine", car.start_engine)
             gov.call("honk", lambda: "honked")
         advice = again.value.info.advice or ""
-        assert "2 more identical calls with nothing fixed in between withdraw start_engine" in advice
+        # the "fix" (honk) fixed nothing: the second failure alike counts
+        assert "the next identical call failing the same way withdraws start_engine" in advice
         assert scope.withdrawn == {}
 
 

@@ -68,7 +68,7 @@ from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
 from loop_governor.call import PassThrough
 from loop_governor.config import check_pruner
 from loop_governor.context.compact import emergency_compact
-from loop_governor.ladder import offered_tools
+from loop_governor.ladder import tool_offer
 
 
 class GovernorState(AgentState[Any]):
@@ -78,6 +78,12 @@ class GovernorState(AgentState[Any]):
 
 
 ToolResult = ToolMessage | Command[Any]
+
+# Chat models (by their LangSmith provider name) whose bind_tools passes tool_choice="none"
+# through to a provider that honours it: OpenAI's Chat Completions (and Azure's). Others
+# get no tool_choice from the governor: Bedrock's Converse API has no "none", and an
+# integration may read an unknown string as a tool name.
+_FORBIDS_TOOL_CALLS = frozenset({"openai", "azure"})
 
 
 def emit_pruning(governor: lg.Governor, before: Sequence[BaseMessage], after: Sequence[BaseMessage]) -> None:
@@ -295,10 +301,19 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         return request if governed is request.model else request.override(model=governed)
 
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
-        """The request's tools less the withdrawn ones (the ladder's step before a stop,
-        :mod:`loop_governor.ladder`); with none left the model can only answer."""
-        kept = offered_tools(scope, request.tools)
-        return request if kept is None else request.override(tools=kept)
+        """The request as the ladder offers it once tools are withdrawn
+        (:func:`loop_governor.ladder.tool_offer`): with tool history the tools array stays
+        as it is, and when every tool is withdrawn an OpenAI model is told
+        ``tool_choice="none"``; without tool history the withdrawn tools are left out."""
+        offer = tool_offer(scope, request.tools, request.messages)
+        if offer is None:
+            return request
+        if not offer.forbid:
+            return request if len(offer.tools) == len(request.tools) else request.override(tools=offer.tools)
+        provider = self._copies(request.model)[1].split(":", 1)[0]
+        if request.tool_choice is None and provider in _FORBIDS_TOOL_CALLS:
+            return request.override(tool_choice="none")
+        return request  # the tools stay offered; a call of one ends the run (the ladder's last step)
 
     def _model_call(
         self, request: ModelRequest[Any], handler: Callable[..., Any], capture: PromptCapture

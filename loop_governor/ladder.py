@@ -6,22 +6,40 @@ answers from memory without calling the tool, then *withdraws* the tool from the
 for the rest of the task, and only then ends the run -- when the model persists (it calls
 the withdrawn tool anyway).
 
-Withdrawal is a task fact the adapters act on where the framework allows it: LangChain's
-``GovernorMiddleware`` drops the tool from the model request's tool list, crewAI's
-governed LLM from the tool schemas it sends. Where nothing can hide the tool (a plain
-``g.call``), the model reads that the tool is withdrawn and that calling it again ends the
-task. Every withdrawal is a ``tool_withdrawn`` event (and so a span and a log line).
+A withdrawal is a task fact, with a lifecycle:
+
+* it starts with a ``tool_withdrawn`` event (a span and a log line) and a note in the
+  result the model reads;
+* it ends when the cause may be gone: a withdrawal while the tool is unavailable (an
+  outage, an open breaker, a rate limit) when that time is up; a withdrawal for
+  repeating when *another* tool that may change state succeeds (the agent pressed the
+  brake, logged in, edited the file: the withdrawn call may work now). Either way a
+  ``tool_restored`` event, and after a state change the result of the tool that made it
+  tells the model the tool is back;
+* what the model is offered meanwhile is the adapters' to apply, through
+  :func:`tool_offer`: a request whose conversation holds tool history keeps its tools
+  array as it is (Anthropic and Bedrock refuse tool history without tool definitions, and
+  the array is the first block of every provider's prompt cache), and when every tool of
+  the request is withdrawn the adapter forbids tool calls the provider's own way
+  (``tool_choice="none"``) where it has one. A conversation without tool history is
+  offered the tools that are not withdrawn. crewAI's text (ReAct) prompts lose the tool's
+  description where the adapter can edit them; where it cannot it says so
+  (:func:`keep_listed`) and a call of the tool is refused, never a stop -- the model was
+  following its prompt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from loop_governor.call import TOOL, Call, Policy, Resumed
+from loop_governor.conversation import uses_tools
 from loop_governor.errors import (
     AgentToolError,
     ErrorType,
+    FatalError,
     GovernedError,
     NoProgressError,
     PermanentError,
@@ -64,8 +82,9 @@ def withdraw(
     verb, them = ("is", "it") if len(names) == 1 else ("are", "them")
     if for_s is None:
         return (
-            f"{listed} {verb} now withdrawn from your tools for the rest of this task ({why}); use another "
-            f"tool or give your final answer. Calling {them} again ends the task."
+            f"{listed} {verb} now withdrawn for the rest of this task ({why}), unless another tool changes "
+            f"something {them} depend{'s' if len(names) == 1 else ''} on; use another tool or give your final "
+            f"answer. Calling {them} again ends the task."
         )
     return (
         f"{listed} {verb} now withdrawn from your tools for the next {max(1, round(for_s))}s ({why}); use "
@@ -73,13 +92,21 @@ def withdraw(
     )
 
 
+def _restore(rt: Runtime, scope: TaskScope, name: str, **why: Any) -> tuple[str, int | None, float | None] | None:
+    """Take ``name``'s withdrawal back (a ``tool_restored`` event); its entry, if it had one."""
+    entry = scope.withdrawn.pop(name, None)
+    scope.listed.discard(name)
+    if entry is not None:
+        rt.events.emit("tool_restored", tool=name, code=entry[0], **why)
+    return entry
+
+
 def _lapsed(rt: Runtime, scope: TaskScope, name: str) -> bool:
     """Whether ``name``'s withdrawal for an outage is over (then it is taken back)."""
     entry = scope.withdrawn.get(name)
     if entry is None or entry[2] is None or rt.clock() < entry[2]:
         return False
-    scope.withdrawn.pop(name, None)
-    rt.events.emit("tool_restored", tool=name, code=entry[0])
+    _restore(rt, scope, name, reason="time")
     return True
 
 
@@ -105,10 +132,8 @@ def _stop(scope: TaskScope, tool: str, code: str, message: str) -> NoProgressErr
 
 
 def offered(scope: TaskScope, names: Sequence[str]) -> list[bool]:
-    """For adapters, before a model request: which of the request's tools (by name) the
-    model is still offered (a tool withdrawn for an outage comes back when it may be up).
-    With every tool withdrawn the request goes out with none, so the model gives its final
-    answer; a tool call it makes anyway ends the run."""
+    """Which of a model request's tools (by name) the model may still call (a tool
+    withdrawn for an outage comes back when it may be up)."""
     rt, withdrawn = scope.governor.rt, scope.withdrawn
     return [name not in withdrawn or _lapsed(rt, scope, name) for name in names]
 
@@ -123,15 +148,51 @@ def tool_name(tool: Any) -> str:
     return str(getattr(tool, "name", ""))
 
 
-def offered_tools(scope: TaskScope, tools: Sequence[_T]) -> list[_T] | None:
-    """For adapters: a model request's ``tools`` less the withdrawn ones, or None when
-    none of them is withdrawn (the request goes out as it is)."""
+@dataclass(frozen=True, slots=True)
+class Offer(Generic[_T]):
+    """What a model request offers once some of its tools are withdrawn.
+
+    ``tools``: the tools array to send -- unchanged when the conversation holds tool
+    history (providers that check it refuse tool history without definitions, and an
+    unchanged array keeps the prompt cache), else without the withdrawn tools (possibly
+    empty: then send none). ``forbid``: every tool the request lists is withdrawn and the
+    array was kept, so the adapter forbids tool calls where the provider lets it
+    (``tool_choice="none"``); a call the model makes anyway ends the run."""
+
+    tools: list[_T]
+    forbid: bool
+
+
+def tool_offer(scope: TaskScope, tools: Sequence[_T], messages: Sequence[Any]) -> Offer[_T] | None:
+    """For adapters, before a model request: what to offer (see :class:`Offer`), or None
+    when none of the request's tools is withdrawn (the request goes out as it is)."""
     keep = offered(scope, [tool_name(t) for t in tools])
-    return None if all(keep) else [t for t, kept in zip(tools, keep, strict=True) if kept]
+    if all(keep):
+        return None
+    if uses_tools(messages):
+        return Offer(list(tools), forbid=not any(keep))
+    return Offer([t for t, kept in zip(tools, keep, strict=True) if kept], forbid=False)
+
+
+def keep_listed(scope: TaskScope, names: Iterable[str]) -> None:
+    """For adapters that cannot take withdrawn tools out of what the model reads (a text
+    prompt they could not edit): those tools stay listed, so calling one is refused --
+    told plainly -- and never ends the run."""
+    scope.listed.update(names)
+
+
+def _stopped_again(stop: FatalError) -> FatalError:
+    """The stop that already ended the task, as the outcome of a call made after it (a
+    parallel call of the same turn): a copy, reported once already."""
+    again = type(stop)(stop.info, partial_results=stop.partial_results)
+    again._lg_stop_reported = True  # type: ignore[attr-defined]
+    return again
 
 
 class Withdrawn(Policy):
-    """Ends the run when the model calls a tool it was told is withdrawn."""
+    """Ends the run when the model calls a tool it was told is withdrawn; takes a
+    withdrawal for repeating back when another tool may have changed the world. A task
+    that was stopped runs no further tool call."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
@@ -141,13 +202,33 @@ class Withdrawn(Policy):
 
     def before(self, call: Call) -> Resumed | None:
         scope = call.scope
-        if scope is None or not scope.withdrawn:
+        if scope is None:
+            return None
+        if scope.stop is not None:
+            call.stop_reason = "stopped"
+            raise _stopped_again(scope.stop)
+        if not scope.withdrawn:
             return None
         entry = scope.withdrawn.get(call.name)
         if entry is None or _lapsed(self.rt, scope, call.name):
             return None
         code, decision, until = entry
         call.stop_reason = "withdrawn"
+        if call.name in scope.listed:
+            # the adapter could not take the tool out of the model's prompt: the model is
+            # following its instructions, so the call is refused and the run goes on
+            raise PermanentError(
+                GovernedError(
+                    error_type=ErrorType.PERMANENT,
+                    tool=call.name,
+                    code="withdrawn",
+                    message=f"{call.name} is withdrawn for this task; it is still listed in your instructions "
+                    "only because they could not be changed",
+                    signature=f"{call.name}:Withdrawn:listed",
+                    attempts=0,
+                    advice=f"do not call {call.name}: it will not run; use another tool or give your final answer",
+                )
+            )
         if until is not None:
             # withdrawn while the tool is unavailable (an outage, an open breaker, a rate
             # limit): a call before it may be back is refused, never a stop -- the service
@@ -184,3 +265,31 @@ class Withdrawn(Policy):
         if code in _IDENTICAL:
             message += f"; if {call.name} is a status poll, declare it with ToolPolicy(poll=True)"
         raise _stop(scope, call.name, code, message)
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        scope = call.scope
+        if scope is None or not scope.withdrawn or call.policy.read_only:
+            return result
+        # Another tool that may change state succeeded: what a tool withdrawn for
+        # repeating kept getting may be different now (the precondition it named was
+        # fixed), so it is offered again -- from a later model decision than its
+        # withdrawal (a parallel call of that same turn is no fix the model chose).
+        decision = scope.decision
+        back = [
+            name
+            for name, (_, when, until) in list(scope.withdrawn.items())
+            if name != call.name and until is None and (decision is None or when != decision)
+        ]
+        for name in back:
+            _restore(self.rt, scope, name, reason="world_changed", by=call.name)
+        if not back:
+            return result
+        from loop_governor.progress import annotate  # (progress builds on this module)
+
+        listed = " and ".join(back) if len(back) < 3 else ", ".join(back[:-1]) + f" and {back[-1]}"
+        verb = "is" if len(back) == 1 else "are"
+        return annotate(
+            result,
+            f"[loop-governor] {listed} {verb} offered again: {call.name} may have changed what "
+            f"{'it depends' if len(back) == 1 else 'they depend'} on.",
+        )

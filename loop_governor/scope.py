@@ -71,6 +71,7 @@ class TaskScope:
         "governor",
         "known_bad",
         "last_invocation",
+        "listed",
         "model_calls",
         "progress",
         "results",
@@ -120,6 +121,9 @@ class TaskScope:
         # escalation ladder before the stop: the next call of one ends the run)
         # tool -> (stop code, decision, until: the clock time an outage's withdrawal ends, or None)
         self.withdrawn: dict[str, tuple[str, int | None, float | None]] = {}
+        # withdrawn tools an adapter could not take out of the model's prompt (a text
+        # prompt it could not edit): a call of one is refused, never a stop (ladder)
+        self.listed: set[str] = set()
         self.known_bad = 0
         self.results: list[Any] = []
         self.results_saved = 0  # how many of ``results`` the checkpoint store already has
@@ -187,9 +191,10 @@ class TaskScope:
 
     def outcome(self, exc: BaseException | None = None) -> dict[str, Any]:
         """How the task ended, for ``task_end``: ``outcome`` is ``completed``, ``stopped``
-        (a :class:`FatalError`: the governor or a fatal failure ended it) or ``failed``
-        (another exception left the task), with the error's class, code and redacted
-        reason."""
+        (a :class:`FatalError`: the governor or a fatal failure ended it), ``failed``
+        (another exception left the task) or ``cancelled`` (a ``CancelledError``, a
+        ``KeyboardInterrupt``, a closed generator: the run was ended from outside), with
+        the error's class, code and redacted reason."""
         from loop_governor.checkpointing import stop_fields
 
         stop: BaseException | None = self.stop
@@ -199,8 +204,9 @@ class TaskScope:
             return {"outcome": "stopped", **stop_fields(stop)}
         if exc is not None and isinstance(exc, Exception):
             return {"outcome": "failed", **stop_fields(exc)}
-        if exc is not None:  # cancelled, interrupted
-            return {"outcome": "failed", "error_class": type(exc).__name__, "code": None, "reason": "cancelled"}
+        if exc is not None:  # cancelled, interrupted (an adapter may say how: its text)
+            reason = redact(str(exc))[:500] or "cancelled"
+            return {"outcome": "cancelled", "error_class": type(exc).__name__, "code": None, "reason": reason}
         return {"outcome": "completed"}
 
     def partial_results(self) -> list[Any]:

@@ -193,8 +193,10 @@ class TaskScope:
         """How the task ended, for ``task_end``: ``outcome`` is ``completed``, ``stopped``
         (a :class:`FatalError`: the governor or a fatal failure ended it), ``failed``
         (another exception left the task) or ``cancelled`` (a ``CancelledError``, a
-        ``KeyboardInterrupt``, a closed generator: the run was ended from outside), with
-        the error's class, code and redacted reason."""
+        ``KeyboardInterrupt``, a closed generator: the run was ended from outside) or
+        ``abandoned`` (an adapter saw the run end without learning how: a BaseException
+        with ``lg_outcome = "abandoned"``), with the error's class, code and redacted
+        reason."""
         from loop_governor.checkpointing import stop_fields
 
         stop: BaseException | None = self.stop
@@ -204,9 +206,10 @@ class TaskScope:
             return {"outcome": "stopped", **stop_fields(stop)}
         if exc is not None and isinstance(exc, Exception):
             return {"outcome": "failed", **stop_fields(exc)}
-        if exc is not None:  # cancelled, interrupted (an adapter may say how: its text)
+        if exc is not None:  # cancelled, interrupted; or, from an adapter, a run that ended unseen
             reason = redact(str(exc))[:500] or "cancelled"
-            return {"outcome": "cancelled", "error_class": type(exc).__name__, "code": None, "reason": reason}
+            outcome = getattr(exc, "lg_outcome", "cancelled")
+            return {"outcome": outcome, "error_class": type(exc).__name__, "code": None, "reason": reason}
         return {"outcome": "completed"}
 
     def partial_results(self) -> list[Any]:

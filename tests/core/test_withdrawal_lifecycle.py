@@ -168,5 +168,9 @@ def test_the_answers_read_as_fatal_failures_saying_why() -> None:
     assert read_model_text(stop_text(stop)) == {"message": "invalid api key", "type": "fatal"}
     text = not_run_text("honk", "the run was cancelled")
     fields = read_model_text(text)
-    assert fields is not None and fields["type"] == "fatal" and fields["message"] == "honk was not run: the run was cancelled"
+    assert (
+        fields is not None
+        and fields["type"] == "fatal"
+        and fields["message"] == "honk was not run: the run was cancelled"
+    )
     assert read_model_text(not_run_text("honk", "x", "json"))["code"] == "not_run"  # type: ignore[index]

@@ -355,7 +355,7 @@ _ENTITY_SUFFIXES = (
     "_address",
     "_command",
 )
-ENTITY, CONTENT = 1, 2
+ENTITY, CONTENT, NAMED = 1, 2, 3  # NAMED: an entity by its argument's name (``job_id``), not its shape
 _BARE_ENTITY_CHARS = 64  # a string without whitespace up to this long names a thing
 _NAME_CHARS, _NAME_WORDS = 40, 4  # "New York", "Mia Li": a few words name a thing too
 
@@ -368,7 +368,7 @@ def _name_role(name: str) -> int:
     if low in _CONTENT_NAMES or low.endswith(_CONTENT_SUFFIXES):
         return CONTENT
     if low in _ENTITY_NAMES or low.endswith(_ENTITY_SUFFIXES):
-        return ENTITY
+        return NAMED
     return 0
 
 
@@ -431,11 +431,27 @@ def args_subject(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int,
         for name, value in kwargs.items():
             if name.lower() not in WALK_KEYS:
                 _subject_leaves(value, _name_role(name), name, leaves)
-        entity = tuple(sorted((p, repr(v)) for role, p, v in leaves if role == ENTITY))
-        content = tuple(sorted((p, repr(v)) for role, p, v in leaves if role != ENTITY))
+        entity = tuple(sorted((p, repr(v)) for role, p, v in leaves if role != CONTENT))
+        content = tuple(sorted((p, repr(v)) for role, p, v in leaves if role == CONTENT))
         return hash(entity), hash(content)
     except Exception:  # an argument whose repr or hash fails: compare it by identity
         return hash((id(args), id(kwargs))), 0
+
+
+def args_job(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """The job a poll asks about: its arguments *named* like ids (``job_id``, ``order``),
+    as one hash -- an attempt counter or a timestamp beside them is the same job again."""
+    leaves: list[tuple[int, str, Any]] = []
+    try:
+        for name, value in kwargs.items():
+            if name.lower() not in WALK_KEYS:
+                _subject_leaves(value, _name_role(name), name, leaves)
+        for i, value in enumerate(args):  # positional: an id-like value names the job
+            if isinstance(value, str) and _value_role(value) == ENTITY:
+                leaves.append((NAMED, f"[{i}]", _spaced(value)))
+        return hash(tuple(sorted((p, repr(v)) for role, p, v in leaves if role == NAMED)))
+    except Exception:
+        return 0
 
 
 def content_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:

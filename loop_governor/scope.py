@@ -72,6 +72,7 @@ class TaskScope:
         "known_bad",
         "last_invocation",
         "model_calls",
+        "polls",
         "progress",
         "results",
         "results_saved",
@@ -105,7 +106,8 @@ class TaskScope:
         self.tool_calls = 0
         self.model_calls = 0
         self.calls_by_tool: dict[str, int] = {}  # only tools with their own max_calls
-        self.first_call_at: dict[str, float] = {}  # only tools with their own max_wall_s (polls)
+        self.first_call_at: dict[str, float] = {}  # only tools with their own max_wall_s
+        self.polls: dict[str, list[Any]] = {}  # a declared poll's job -> [polls, first poll's time, warned]
         # failure key (repeats.failure_key) -> (the tool call it last came back at, its model decision)
         self.error_turns: dict[str, tuple[int, int | None]] = {}
         # repeats.failure_key's episodes: a tool (its outages) or a tool and entity (a question)

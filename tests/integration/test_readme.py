@@ -258,9 +258,10 @@ def test_the_readmes_stop_snippet_catches_a_run_the_governor_stops(
     assert len(calls) == 1  # the repeats were answered from memory, then the run was stopped
 
 
-def test_what_the_readme_says_the_model_reads_is_what_it_reads() -> None:
-    """The README's failure text is the governor's own rendering, byte for byte."""
-    text = README.read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", [README, ROOT / "docs" / "concepts.md"], ids=["README", "concepts"])
+def test_what_the_readme_says_the_model_reads_is_what_it_reads(page: Path) -> None:
+    """The failure text the README and the concepts page show is the governor's own rendering."""
+    text = page.read_text(encoding="utf-8")
     shown = text.split("## What the model reads", 1)[1].split("```text\n", 1)[1].split("```", 1)[0].rstrip("\n")
 
     def fetch_doc(name: str) -> str:

@@ -477,6 +477,58 @@ def echoes(result: str, before: str, mine: list[str], theirs: list[str]) -> bool
     )
 
 
+# Shell programs that only read: a command made of nothing else changes nothing, so it cannot
+# be the fix of an earlier failure of the same shell tool (an ``echo`` between two failing
+# runs of a script is no edit). Hand-written: no library classifies shell commands this way.
+_READING_PROGRAMS = frozenset(
+    {
+        "cat", "ls", "grep", "egrep", "fgrep", "rg", "find", "head", "tail", "wc", "echo", "printf", "pwd",
+        "nl", "sort", "uniq", "cut", "diff", "which", "file", "stat", "tree", "true", "test", "cd", "date",
+        "whoami", "env", "less", "more", "du", "df", "awk", "sed", "git",
+    }
+)  # fmt: skip
+_READING_GIT = frozenset({"status", "diff", "log", "show", "grep", "blame", "branch", "ls-files", "rev-parse"})
+_COMMAND_KEYS = frozenset({"command", "cmd", "script", "shell", "bash", "code"})
+_SEGMENTS = re.compile(r"&&|\|\||[;|\n]")
+_WRITES = re.compile(r"(?<![0-9&])>|\btee\b|(?:^|\s)-i\b|--in-place|-exec\b|-delete\b")
+
+
+def command_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    """The shell command a call runs, when its arguments are one (a ``command`` argument, or
+    a lone positional string): None for other tools."""
+    for name, value in kwargs.items():
+        if name.lower() in _COMMAND_KEYS and isinstance(value, str):
+            return value
+    if len(args) == 1 and not kwargs:
+        only = args[0]
+        if isinstance(only, str):
+            return only
+        if isinstance(only, Mapping):
+            for name, value in only.items():
+                if isinstance(name, str) and name.lower() in _COMMAND_KEYS and isinstance(value, str):
+                    return value
+    return None
+
+
+def reads_only(command: str) -> bool:
+    """Whether a shell command only reads (``cat f | grep x``, ``sed -n '1,9p' f``, ``git diff``):
+    no redirection into a file, no in-place edit, and every program one that reads."""
+    if _WRITES.search(command):
+        return False
+    for segment in _SEGMENTS.split(command):
+        words = segment.split()
+        while words and "=" in words[0] and not words[0].startswith("="):
+            words = words[1:]  # VAR=value before the program
+        if not words:
+            continue
+        program = words[0].rsplit("/", 1)[-1]
+        if program not in _READING_PROGRAMS:
+            return False
+        if program == "git" and (len(words) < 2 or words[1] not in _READING_GIT):
+            return False
+    return True
+
+
 def args_text(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
     """The arguments as text, bounded (None: an argument's repr failed)."""
     try:

@@ -68,6 +68,7 @@ class TaskScope:
         "error_turns",
         "failed_tools",
         "first_call_at",
+        "fixed_at",
         "governor",
         "known_bad",
         "last_invocation",
@@ -114,6 +115,7 @@ class TaskScope:
         # -> how many of its failure episodes a success ended; the tools that ever failed
         self.episodes: dict[str, int] = {}
         self.failed_tools: set[str] = set()
+        self.fixed_at: dict[str, int] = {}  # tool -> the tool call its last possible fix came at
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was
         # (the agent may have fixed the cause: pressed the brake, logged in, edited a file).

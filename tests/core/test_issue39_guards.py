@@ -253,3 +253,41 @@ def test_async_twin_stops_the_think_loop_too(clock: VirtualClock) -> None:
         return calls
 
     assert asyncio.run(run()) == 4
+
+
+def test_a_shell_agent_editing_between_identical_failing_runs_is_iterating(clock: VirtualClock) -> None:
+    """Run the test, edit, the same failure, edit again, then the fix works: everyday coding
+    work through one shell tool. An ``echo`` between the runs is no edit: that is a loop."""
+    gov = governor(clock)
+    state = {"fixed": False}
+
+    def bash(command: str) -> str:
+        if command.startswith("pytest"):
+            if not state["fixed"]:
+                raise RuntimeError("FAILED tests/test_core.py::test_load - AssertionError\n1 failed in 0.41s")
+            return "1 passed"
+        if "attempt 5" in command:
+            state["fixed"] = True
+        return ""
+
+    with gov.task("edits") as scope:
+        for attempt in range(6):
+            try:
+                gov.call("bash", bash, command="pytest -q tests/test_core.py")
+            except lg.FatalError:
+                raise
+            except lg.AgentToolError:
+                pass
+            gov.call("bash", bash, command=f"sed -i 's/x/y{attempt}/' src/core.py  # attempt {attempt}")
+        assert gov.call("bash", bash, command="pytest -q tests/test_core.py") == "1 passed"
+        assert scope.withdrawn == {}
+    state["fixed"] = False
+    with gov.task("echoes"), pytest.raises(lg.NoProgressError):
+        for attempt in range(20):
+            try:
+                gov.call("bash", bash, command="pytest -q tests/test_core.py")
+            except lg.FatalError:
+                raise
+            except lg.AgentToolError:
+                pass
+            gov.call("bash", bash, command=f"echo 'retrying {attempt}'")

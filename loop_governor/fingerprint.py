@@ -20,6 +20,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import xxhash
+
 from loop_governor.classify import normalize_message
 
 # Arguments that walk through a collection: a new value is no progress by itself.
@@ -420,20 +422,32 @@ def _subject_leaves(value: Any, role: int, path: str, out: list[tuple[int, str, 
         out.append((CONTENT, path, repr(value)[:200]))
 
 
+def _digest(parts: tuple[tuple[str, str], ...]) -> int:
+    """A hash that is the same in every process (``hash()`` of a str is not): failure counts
+    keyed on an entity are shared through the store by a fleet."""
+    return xxhash.xxh3_64_intdigest(repr(parts).encode("utf-8", "surrogatepass"))
+
+
+def _leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[int, str, Any]]:
+    """Every argument value as ``(role, path, normalized value)``, walking positions left out."""
+    leaves: list[tuple[int, str, Any]] = []
+    for i, value in enumerate(args):
+        _subject_leaves(value, 0, f"[{i}]", leaves)
+    for name, value in kwargs.items():
+        if name.lower() not in WALK_KEYS:
+            _subject_leaves(value, _name_role(name), name, leaves)
+    return leaves
+
+
 def args_subject(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int]:
     """``(the entity the call asks about, the content it carries)`` as hashes (walking
     positions in neither): two calls with the same entity and other content are a revision
     of one question; with other entities, two questions."""
-    leaves: list[tuple[int, str, Any]] = []
     try:
-        for i, value in enumerate(args):
-            _subject_leaves(value, 0, f"[{i}]", leaves)
-        for name, value in kwargs.items():
-            if name.lower() not in WALK_KEYS:
-                _subject_leaves(value, _name_role(name), name, leaves)
+        leaves = _leaves(args, kwargs)
         entity = tuple(sorted((p, repr(v)) for role, p, v in leaves if role != CONTENT))
         content = tuple(sorted((p, repr(v)) for role, p, v in leaves if role == CONTENT))
-        return hash(entity), hash(content)
+        return _digest(entity), _digest(content)
     except Exception:  # an argument whose repr or hash fails: compare it by identity
         return hash((id(args), id(kwargs))), 0
 
@@ -449,20 +463,15 @@ def args_job(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
         for i, value in enumerate(args):  # positional: an id-like value names the job
             if isinstance(value, str) and _value_role(value) == ENTITY:
                 leaves.append((NAMED, f"[{i}]", _spaced(value)))
-        return hash(tuple(sorted((p, repr(v)) for role, p, v in leaves if role == NAMED)))
+        return _digest(tuple(sorted((p, repr(v)) for role, p, v in leaves if role == NAMED)))
     except Exception:
         return 0
 
 
 def content_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
     """The revisable text values of the arguments (the content of :func:`args_subject`)."""
-    leaves: list[tuple[int, str, Any]] = []
     try:
-        for i, value in enumerate(args):
-            _subject_leaves(value, 0, f"[{i}]", leaves)
-        for name, value in kwargs.items():
-            if name.lower() not in WALK_KEYS:
-                _subject_leaves(value, _name_role(name), name, leaves)
+        leaves = _leaves(args, kwargs)
     except Exception:
         return []
     return [v for role, _, v in leaves if role == CONTENT and isinstance(v, str) and v]

@@ -875,17 +875,11 @@ _MARKUP_LINE = re.compile(r"^\s*(?:</?[A-Za-z_][\w\-]{0,40}/?>\s*)*$")
 
 def _identity(exc_type: str, message: str) -> str:
     """What makes a failure "the same error again" for the loop guards (see
-    ``ErrorInfo.identity``): the type, then the message's first and last lines with text,
-    lightly normalized (a command's whole output is bounded to its head and tail)."""
-    lines = [line for line in message[:4000].splitlines() if line.strip() and not _MARKUP_LINE.match(line)]
-    if len(message) > 4000:
-        lines += [line for line in message[-2000:].splitlines() if line.strip() and not _MARKUP_LINE.match(line)]
-    if len(lines) > 1:
-        head, tail = (_normalized(line, _IDENTITY_NORMALIZERS)[:200] for line in (lines[0], lines[-1]))
-        text = f"{head} | {tail}"
-    else:
-        text = _normalized(message[:1000], _IDENTITY_NORMALIZERS)[:400]
-    return f"{exc_type}:{text}"
+    ``ErrorInfo.identity``): the type and the whole message (a long one: its head and tail),
+    lightly normalized. The whole text, not its first and last lines: a test run's output
+    opens and closes alike whichever test failed and why."""
+    text = message if len(message) <= 4000 else f"{message[:2000]}\x00{message[-2000:]}"
+    return f"{exc_type}:{_normalized(text, _IDENTITY_NORMALIZERS)}"
 
 
 def _signature(tool: str | None, exc_type: str, message: str) -> str:

@@ -38,7 +38,7 @@ from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import AgentToolError, CircuitOpenError, ErrorType, FatalError, LoopDetectedError
 from loop_governor.ladder import withdrawn_error
 from loop_governor.progress import withdraws_text
-from loop_governor.repeats import REPEAT_GAP, failure_key
+from loop_governor.repeats import REPEAT_GAP, failure_key, fixed_since
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -141,8 +141,9 @@ class Escalation(Policy):
             # parallel call of the same model turn: the model did not ask again after
             # being told, nothing to count
             return self._warn(call, error, key, limit - count)
-        if not repeat and kind == "call" and step - last_step > REPEAT_GAP:
-            # run again after real work and failing the same way: a re-check, not a repeat
+        if not repeat and kind == "call" and (step - last_step > REPEAT_GAP or fixed_since(call, last_step)):
+            # run again after real work (or an edit through the same tool) failing the same
+            # way: a re-check, not a repeat
             told[key] = (count, invocation, decision, known, step)
             return self._warn(call, error, key, limit - count)
         count += 1

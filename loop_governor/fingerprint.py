@@ -20,6 +20,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import xxhash
+
 from loop_governor.classify import normalize_message
 
 # Arguments that walk through a collection: a new value is no progress by itself.
@@ -355,7 +357,7 @@ _ENTITY_SUFFIXES = (
     "_address",
     "_command",
 )
-ENTITY, CONTENT = 1, 2
+ENTITY, CONTENT, NAMED = 1, 2, 3  # NAMED: an entity by its argument's name (``job_id``), not its shape
 _BARE_ENTITY_CHARS = 64  # a string without whitespace up to this long names a thing
 _NAME_CHARS, _NAME_WORDS = 40, 4  # "New York", "Mia Li": a few words name a thing too
 
@@ -368,7 +370,7 @@ def _name_role(name: str) -> int:
     if low in _CONTENT_NAMES or low.endswith(_CONTENT_SUFFIXES):
         return CONTENT
     if low in _ENTITY_NAMES or low.endswith(_ENTITY_SUFFIXES):
-        return ENTITY
+        return NAMED
     return 0
 
 
@@ -420,33 +422,56 @@ def _subject_leaves(value: Any, role: int, path: str, out: list[tuple[int, str, 
         out.append((CONTENT, path, repr(value)[:200]))
 
 
+def _digest(parts: tuple[tuple[str, str], ...]) -> int:
+    """A hash that is the same in every process (``hash()`` of a str is not): failure counts
+    keyed on an entity are shared through the store by a fleet."""
+    return xxhash.xxh3_64_intdigest(repr(parts).encode("utf-8", "surrogatepass"))
+
+
+def _leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[int, str, Any]]:
+    """Every argument value as ``(role, path, normalized value)``, walking positions left out."""
+    leaves: list[tuple[int, str, Any]] = []
+    for i, value in enumerate(args):
+        _subject_leaves(value, 0, f"[{i}]", leaves)
+    for name, value in kwargs.items():
+        if name.lower() not in WALK_KEYS:
+            _subject_leaves(value, _name_role(name), name, leaves)
+    return leaves
+
+
 def args_subject(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int]:
     """``(the entity the call asks about, the content it carries)`` as hashes (walking
     positions in neither): two calls with the same entity and other content are a revision
     of one question; with other entities, two questions."""
-    leaves: list[tuple[int, str, Any]] = []
     try:
-        for i, value in enumerate(args):
-            _subject_leaves(value, 0, f"[{i}]", leaves)
-        for name, value in kwargs.items():
-            if name.lower() not in WALK_KEYS:
-                _subject_leaves(value, _name_role(name), name, leaves)
-        entity = tuple(sorted((p, repr(v)) for role, p, v in leaves if role == ENTITY))
-        content = tuple(sorted((p, repr(v)) for role, p, v in leaves if role != ENTITY))
-        return hash(entity), hash(content)
+        leaves = _leaves(args, kwargs)
+        entity = tuple(sorted((p, repr(v)) for role, p, v in leaves if role != CONTENT))
+        content = tuple(sorted((p, repr(v)) for role, p, v in leaves if role == CONTENT))
+        return _digest(entity), _digest(content)
     except Exception:  # an argument whose repr or hash fails: compare it by identity
         return hash((id(args), id(kwargs))), 0
 
 
-def content_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
-    """The revisable text values of the arguments (the content of :func:`args_subject`)."""
+def args_job(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """The job a poll asks about: its arguments *named* like ids (``job_id``, ``order``),
+    as one hash -- an attempt counter or a timestamp beside them is the same job again."""
     leaves: list[tuple[int, str, Any]] = []
     try:
-        for i, value in enumerate(args):
-            _subject_leaves(value, 0, f"[{i}]", leaves)
         for name, value in kwargs.items():
             if name.lower() not in WALK_KEYS:
                 _subject_leaves(value, _name_role(name), name, leaves)
+        for i, value in enumerate(args):  # positional: an id-like value names the job
+            if isinstance(value, str) and _value_role(value) == ENTITY:
+                leaves.append((NAMED, f"[{i}]", _spaced(value)))
+        return _digest(tuple(sorted((p, repr(v)) for role, p, v in leaves if role == NAMED)))
+    except Exception:
+        return 0
+
+
+def content_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
+    """The revisable text values of the arguments (the content of :func:`args_subject`)."""
+    try:
+        leaves = _leaves(args, kwargs)
     except Exception:
         return []
     return [v for role, _, v in leaves if role == CONTENT and isinstance(v, str) and v]
@@ -459,6 +484,58 @@ def echoes(result: str, before: str, mine: list[str], theirs: list[str]) -> bool
     return any(len(m) > 1 and m not in theirs and m in result for m in mine) or any(
         len(t) > 1 and t not in mine and t in before for t in theirs
     )
+
+
+# Shell programs that only read: a command made of nothing else changes nothing, so it cannot
+# be the fix of an earlier failure of the same shell tool (an ``echo`` between two failing
+# runs of a script is no edit). Hand-written: no library classifies shell commands this way.
+_READING_PROGRAMS = frozenset(
+    {
+        "cat", "ls", "grep", "egrep", "fgrep", "rg", "find", "head", "tail", "wc", "echo", "printf", "pwd",
+        "nl", "sort", "uniq", "cut", "diff", "which", "file", "stat", "tree", "true", "test", "cd", "date",
+        "whoami", "env", "less", "more", "du", "df", "awk", "sed", "git",
+    }
+)  # fmt: skip
+_READING_GIT = frozenset({"status", "diff", "log", "show", "grep", "blame", "branch", "ls-files", "rev-parse"})
+_COMMAND_KEYS = frozenset({"command", "cmd", "script", "shell", "bash", "code"})
+_SEGMENTS = re.compile(r"&&|\|\||[;|\n]")
+_WRITES = re.compile(r"(?<![0-9&])>|\btee\b|(?:^|\s)-i\b|--in-place|-exec\b|-delete\b")
+
+
+def command_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    """The shell command a call runs, when its arguments are one (a ``command`` argument, or
+    a lone positional string): None for other tools."""
+    for name, value in kwargs.items():
+        if name.lower() in _COMMAND_KEYS and isinstance(value, str):
+            return value
+    if len(args) == 1 and not kwargs:
+        only = args[0]
+        if isinstance(only, str):
+            return only
+        if isinstance(only, Mapping):
+            for name, value in only.items():
+                if isinstance(name, str) and name.lower() in _COMMAND_KEYS and isinstance(value, str):
+                    return value
+    return None
+
+
+def reads_only(command: str) -> bool:
+    """Whether a shell command only reads (``cat f | grep x``, ``sed -n '1,9p' f``, ``git diff``):
+    no redirection into a file, no in-place edit, and every program one that reads."""
+    if _WRITES.search(command):
+        return False
+    for segment in _SEGMENTS.split(command):
+        words = segment.split()
+        while words and "=" in words[0] and not words[0].startswith("="):
+            words = words[1:]  # VAR=value before the program
+        if not words:
+            continue
+        program = words[0].rsplit("/", 1)[-1]
+        if program not in _READING_PROGRAMS:
+            return False
+        if program == "git" and (len(words) < 2 or words[1] not in _READING_GIT):
+            return False
+    return True
 
 
 def args_text(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:

@@ -261,7 +261,12 @@ class Withdrawn(Policy):
                 )
             )
         self.rt.events.emit("escalation", tool=call.name, subject="withdrawn", action="stop", count=1)
-        message = f"the model called {call.name} after it was withdrawn for repeating calls that did not help ({code})"
+        if code.startswith("poll_"):
+            message = f"the model polled {call.name} again after the poll reached its bound and was withdrawn ({code})"
+        else:
+            message = (
+                f"the model called {call.name} after it was withdrawn for repeating calls that did not help ({code})"
+            )
         if code in _IDENTICAL:
             message += f"; if {call.name} is a status poll, declare it with ToolPolicy(poll=True)"
         raise _stop(scope, call.name, code, message)

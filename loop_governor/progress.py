@@ -79,6 +79,26 @@ class Verdict:
 OK = Verdict("ok")
 
 
+# An acknowledgement: a short positive answer that the action was done.
+_ACK = re.compile(
+    r"\b(?:success(?:ful(?:ly)?)?|succeeded|ok(?:ay)?|done|saved|sent|logged|recorded|noted|created|"
+    r"updated|submitted|transferred|completed|accepted|scheduled|queued|posted|added|booked|confirmed)\b",
+    re.I,
+)
+_NOT_ACK = re.compile(
+    r"\b(?:not|no|fail\w*|error\w*|invalid|revise\w*|reject\w*|insufficient|again|unable|cannot|can't|"
+    r"missing|wrong|incorrect|denied|refused|declined|still)\b",
+    re.I,
+)
+ACK_THRESHOLD = 12
+ACK_CHARS = 200
+
+
+def is_ack(text: str) -> bool:
+    """Whether a result only acknowledges that the action was done ("Transfer successful")."""
+    return len(text) <= ACK_CHARS and _ACK.search(text) is not None and _NOT_ACK.search(text) is None
+
+
 _MARKUP = re.compile(r"</?[A-Za-z_][\w\-]{0,40}/?>")
 _NOISE = re.compile(r"[\W_]+")
 
@@ -142,11 +162,16 @@ class ProgressGuard:
             by_tool.pop(tool, None)
             return OK
         seen.streak = streak = prev.streak + 1
+        # an acknowledgement of revised content ("Transfer successful", "Email sent") is the
+        # action done again, not a verdict the model argues with: it counts only far later
+        # (successful recorded runs repeated one up to 9 times in a row; real loops, 100)
+        seen.acked = prev.acked or (relation == _REVISED and is_ack(fp.text))
+        threshold = ACK_THRESHOLD if seen.acked else self.threshold
         by_tool[tool] = seen
-        if streak < self.threshold:
+        if streak < threshold:
             return OK
         limit = self.then if then is None else then
-        over = streak - self.threshold  # repeats since the warning
+        over = streak - threshold  # repeats since the warning
         if over >= limit:
             return Verdict("stop", "no_progress", streak)
         return Verdict("warn" if over == 0 else "repeat", "no_progress", streak, limit - over)
@@ -155,7 +180,7 @@ class ProgressGuard:
 class _Seen:
     """One tool's latest result, with what is needed to compare the next one to it."""
 
-    __slots__ = ("call", "decision", "fp", "streak", "world")
+    __slots__ = ("acked", "call", "decision", "fp", "streak", "world")
 
     def __init__(
         self, fp: Fingerprint, call: Call | None, decision: int | None, world: tuple[int, int] | None
@@ -165,6 +190,7 @@ class _Seen:
         self.decision = decision
         self.world = world
         self.streak = 1
+        self.acked = False  # the streak is one of acknowledgements of revised content
 
     def moved(self, world: tuple[int, int] | None) -> bool:
         """Whether the world moved on since this call was made, by something else than its
@@ -229,8 +255,8 @@ class NoProgress(Policy):
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
         assert scope is not None
-        if call.same_decision or call.policy.poll:
-            return result  # a retrying middleware re-ran the same tool call; a poll repeats by design
+        if call.same_decision or call.policy.poll or call.policy.wait:
+            return result  # a retrying middleware re-ran the same tool call; a poll or a wait repeats by design
         tool = call.name
         verdict = scope.progress.observe(
             tool,

@@ -37,6 +37,7 @@ import xxhash
 
 from loop_governor.call import Call, Policy
 from loop_governor.errors import AgentToolError, ErrorType, LoopDetectedError
+from loop_governor.fingerprint import command_of, reads_only
 from loop_governor.runtime import Runtime
 
 # A failure counts again only if it comes back within this many tool calls of its last
@@ -65,7 +66,8 @@ def _about(call: Call, outage: bool) -> str:
 
 
 def end_episodes(call: Call) -> None:
-    """``call`` succeeded: the failures of its question, and an outage of its tool, are over."""
+    """``call`` succeeded: the failures of its question, and an outage of its tool, are over;
+    and if it may have changed state, it may be the fix of the tool's other failures."""
     scope = call.scope
     if scope is None or call.name not in scope.failed_tools:
         return
@@ -73,6 +75,20 @@ def end_episodes(call: Call) -> None:
     for about in (call.name, _about(call, False)):
         if about in episodes:
             episodes[about] += 1
+    if not call.policy.read_only:
+        command = command_of(call.args, call.kwargs)
+        if command is None or not reads_only(command):
+            scope.fixed_at[call.name] = scope.tool_calls
+
+
+def fixed_since(call: Call, step: int) -> bool:
+    """Whether the same tool succeeded since tool call ``step`` with other arguments that may
+    change state -- a shell's edit, a file tool's write: a coding agent re-running a failing
+    check after each edit is iterating (measured on recorded coding runs, where an edit, the
+    same failing test, another edit, then a pass, is everyday work). A fix through *another*
+    tool is no such excuse: a failing call after a varied ``think`` or note is a loop."""
+    scope = call.scope
+    return scope is not None and scope.fixed_at.get(call.name, -1) > step
 
 
 def counts_again(call: Call, key: str) -> bool:
@@ -88,7 +104,7 @@ def counts_again(call: Call, key: str) -> bool:
         return True
     if decision is not None and last[1] == decision:
         return False  # parallel calls of one model turn are one decision: counted once
-    return step - last[0] <= REPEAT_GAP
+    return step - last[0] <= REPEAT_GAP and not fixed_since(call, last[0])
 
 
 class RepeatedErrors(Policy):

@@ -68,11 +68,13 @@ class TaskScope:
         "error_turns",
         "failed_tools",
         "first_call_at",
+        "fixed_at",
         "governor",
         "known_bad",
         "last_invocation",
         "listed",
         "model_calls",
+        "polls",
         "progress",
         "results",
         "results_saved",
@@ -106,13 +108,15 @@ class TaskScope:
         self.tool_calls = 0
         self.model_calls = 0
         self.calls_by_tool: dict[str, int] = {}  # only tools with their own max_calls
-        self.first_call_at: dict[str, float] = {}  # only tools with their own max_wall_s (polls)
+        self.first_call_at: dict[str, float] = {}  # only tools with their own max_wall_s
+        self.polls: dict[str, list[Any]] = {}  # a declared poll's job -> [polls, first poll's time, warned]
         # failure key (repeats.failure_key) -> (the tool call it last came back at, its model decision)
         self.error_turns: dict[str, tuple[int, int | None]] = {}
         # repeats.failure_key's episodes: a tool (its outages) or a tool and entity (a question)
         # -> how many of its failure episodes a success ended; the tools that ever failed
         self.episodes: dict[str, int] = {}
         self.failed_tools: set[str] = set()
+        self.fixed_at: dict[str, int] = {}  # tool -> the tool call its last possible fix came at
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was
         # (the agent may have fixed the cause: pressed the brake, logged in, edited a file).

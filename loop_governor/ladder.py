@@ -48,6 +48,10 @@ from loop_governor.errors import (
 
 _T = TypeVar("_T")
 
+# A task's withdrawn tool: (the stop's code, the model decision it was withdrawn in, the
+# clock time an availability withdrawal ends or None, whether a state change lifts it).
+Withdrawal = tuple[str, int | None, float | None, bool]
+
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
     from loop_governor.scope import TaskScope
@@ -75,16 +79,21 @@ def withdraw(
     assert scope is not None
     names = [call.name, *sorted(set(tools) - {call.name})]
     until = None if for_s is None else rt.clock() + max(1.0, for_s)
+    # A withdrawal for repeating lifts when another tool changes state -- unless the
+    # repeats already came after such changes: the fixes were tried, and did not help.
+    liftable = {n: for_s is None and scope.streaks.get(n, scope.world) == scope.world for n in names}
     for name in names:
-        scope.withdrawn[name] = (code, scope.decision, until)
+        scope.withdrawn[name] = (code, scope.decision, until, liftable[name])
         rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why, for_s=for_s)
     listed = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + f" and {names[-1]}"
     verb, them = ("is", "it") if len(names) == 1 else ("are", "them")
     if for_s is None:
+        unless = ""
+        if all(liftable.values()):
+            unless = f", unless another tool changes something {them} depend{'s' if len(names) == 1 else ''} on"
         return (
-            f"{listed} {verb} now withdrawn for the rest of this task ({why}), unless another tool changes "
-            f"something {them} depend{'s' if len(names) == 1 else ''} on; use another tool or give your final "
-            f"answer. Calling {them} again ends the task."
+            f"{listed} {verb} now withdrawn for the rest of this task ({why}){unless}; use another tool or give "
+            f"your final answer. Calling {them} again ends the task."
         )
     return (
         f"{listed} {verb} now withdrawn from your tools for the next {max(1, round(for_s))}s ({why}); use "
@@ -92,7 +101,7 @@ def withdraw(
     )
 
 
-def _restore(rt: Runtime, scope: TaskScope, name: str, **why: Any) -> tuple[str, int | None, float | None] | None:
+def _restore(rt: Runtime, scope: TaskScope, name: str, **why: Any) -> Withdrawal | None:
     """Take ``name``'s withdrawal back (a ``tool_restored`` event); its entry, if it had one."""
     entry = scope.withdrawn.pop(name, None)
     scope.listed.discard(name)
@@ -212,7 +221,7 @@ class Withdrawn(Policy):
         entry = scope.withdrawn.get(call.name)
         if entry is None or _lapsed(self.rt, scope, call.name):
             return None
-        code, decision, until = entry
+        code, decision, until, _ = entry
         call.stop_reason = "withdrawn"
         if call.name in scope.listed:
             # the adapter could not take the tool out of the model's prompt: the model is
@@ -271,9 +280,19 @@ class Withdrawn(Policy):
             message += f"; if {call.name} is a status poll, declare it with ToolPolicy(poll=True)"
         raise _stop(scope, call.name, code, message)
 
+    def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
+        scope = call.scope
+        if scope is not None and call.name not in scope.streaks:
+            scope.streaks[call.name] = scope.world  # the world its failures began in
+        return error
+
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
-        if scope is None or not scope.withdrawn or call.policy.read_only:
+        if scope is None:
+            return result
+        if scope.streaks:
+            scope.streaks.pop(call.name, None)
+        if not scope.withdrawn or call.policy.read_only:
             return result
         # Another tool that may change state succeeded: what a tool withdrawn for
         # repeating kept getting may be different now (the precondition it named was
@@ -282,8 +301,8 @@ class Withdrawn(Policy):
         decision = scope.decision
         back = [
             name
-            for name, (_, when, until) in list(scope.withdrawn.items())
-            if name != call.name and until is None and (decision is None or when != decision)
+            for name, (_, when, _until, liftable) in list(scope.withdrawn.items())
+            if name != call.name and liftable and (decision is None or when != decision)
         ]
         for name in back:
             _restore(self.rt, scope, name, reason="world_changed", by=call.name)

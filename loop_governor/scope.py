@@ -83,6 +83,7 @@ class TaskScope:
         "started_at",
         "steps",
         "stop",
+        "streaks",
         "task_id",
         "tokens",
         "told",
@@ -124,7 +125,10 @@ class TaskScope:
         # tools withdrawn from the model for the rest of the task -> why (the step of the
         # escalation ladder before the stop: the next call of one ends the run)
         # tool -> (stop code, decision, until: the clock time an outage's withdrawal ends, or None)
-        self.withdrawn: dict[str, tuple[str, int | None, float | None]] = {}
+        # (ladder.Withdrawal: code, decision, until, whether another tool's state change lifts it)
+        self.withdrawn: dict[str, tuple[str, int | None, float | None, bool]] = {}
+        # tool -> the world its failures since its last success began in (ladder)
+        self.streaks: dict[str, int] = {}
         # withdrawn tools an adapter could not take out of the model's prompt (a text
         # prompt it could not edit): a call of one is refused, never a stop (ladder)
         self.listed: set[str] = set()

@@ -110,7 +110,7 @@ def test_with_tool_history_the_tools_array_stays_and_all_withdrawn_forbids_calls
         withdraw_start_engine(gov, car)
         offer = tool_offer(scope, TOOLS, HISTORY)
         assert offer is not None and offer.tools == TOOLS and not offer.forbid
-        scope.withdrawn["honk"] = ("no_progress", None, None)
+        scope.withdrawn["honk"] = ("no_progress", None, None, True)
         offer = tool_offer(scope, TOOLS, HISTORY)
         assert offer is not None and offer.tools == TOOLS and offer.forbid
         # a conversation without tool history: the withdrawn tools are left out

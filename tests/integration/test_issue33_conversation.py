@@ -169,7 +169,7 @@ STOPS: dict[str, tuple[Callable[[RecordedRequest], Reply], dict[str, Any], str]]
     "poll_bound": (
         calls(("job_status", {"job_id": "J-1"})),
         {"tools": {"job_status": lg.ToolPolicy(poll=True, max_calls=3)}},
-        "max_calls",
+        "poll_max_calls",
     ),
 }
 

@@ -45,16 +45,11 @@ from typing import Any
 from langgraph.errors import GraphRecursionError
 
 import loop_governor as lg
+from loop_governor.scope import RunAbandoned
 
 __all__ = ["LiveTasks", "RunAbandoned", "RunInfo"]
 
 
-class RunAbandoned(BaseException):
-    """How a task ends whose run ended without a word to the governor: its ``task_end``
-    outcome is ``abandoned``, with this text as the reason. A BaseException, as a
-    cancellation: it is never raised, only reported."""
-
-    lg_outcome = "abandoned"
 
 
 class RunInfo:

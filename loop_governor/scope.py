@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from loop_governor.checkpoint import TaskCheckpoint
     from loop_governor.governor import Governor
 
-__all__ = ["PARTIAL_RESULTS_MAX", "PARTIAL_RESULT_CHARS", "TaskScope", "call_key"]
+__all__ = ["PARTIAL_RESULTS_MAX", "PARTIAL_RESULT_CHARS", "RunAbandoned", "TaskScope", "call_key"]
 
 PARTIAL_RESULTS_MAX = 20  # the latest successful tool results a stop hands back
 PARTIAL_RESULT_CHARS = 2000  # each cut to this many characters (redacted)
@@ -44,6 +44,13 @@ def _result_text(value: Any) -> str:
 
 
 FINISHED_KEY = "finished_at"  # checkpoint metadata: when the task completed
+
+
+class RunAbandoned(BaseException):
+    """How an adapter ends a task whose run ended without telling it how (LangGraph's
+    stream left unread, a crewAI kickoff cancelled between its hooks): ``task_end`` says
+    ``abandoned``, with this text as the reason. A BaseException, as a cancellation; never
+    raised, only handed to :meth:`TaskScope.__exit__`."""
 
 
 class TaskScope:
@@ -202,9 +209,8 @@ class TaskScope:
         (a :class:`FatalError`: the governor or a fatal failure ended it), ``failed``
         (another exception left the task) or ``cancelled`` (a ``CancelledError``, a
         ``KeyboardInterrupt``, a closed generator: the run was ended from outside) or
-        ``abandoned`` (an adapter saw the run end without learning how: a BaseException
-        with ``lg_outcome = "abandoned"``), with the error's class, code and redacted
-        reason."""
+        ``abandoned`` (an adapter saw the run end without learning how:
+        :class:`RunAbandoned`), with the error's class, code and redacted reason."""
         from loop_governor.checkpointing import stop_fields
 
         stop: BaseException | None = self.stop
@@ -216,7 +222,7 @@ class TaskScope:
             return {"outcome": "failed", **stop_fields(exc)}
         if exc is not None:  # cancelled, interrupted; or, from an adapter, a run that ended unseen
             reason = redact(str(exc))[:500] or "cancelled"
-            outcome = getattr(exc, "lg_outcome", "cancelled")
+            outcome = "abandoned" if isinstance(exc, RunAbandoned) else "cancelled"
             return {"outcome": outcome, "error_class": type(exc).__name__, "code": None, "reason": reason}
         return {"outcome": "completed"}
 
@@ -239,7 +245,12 @@ class TaskScope:
             gov.update_checkpoint(self, lambda cp: cp.metadata.__setitem__(FINISHED_KEY, finished_at))
         gov.emit("task_end", steps=self.steps, tool_calls=self.tool_calls, model_calls=self.model_calls, **outcome)
         if self._token is not None:
-            _SCOPE.reset(self._token)
+            try:
+                _SCOPE.reset(self._token)
+            except ValueError:
+                # ended from another context than it was entered in (an adapter ending
+                # the task of a run it saw end elsewhere): that context is done with it
+                pass
             self._token = None
         gov.store.end_task(self.task_id)
 

@@ -17,15 +17,13 @@ A withdrawal is a task fact, with a lifecycle:
   ``tool_restored`` event, and after a state change the result of the tool that made it
   tells the model the tool is back;
 * what the model is offered meanwhile is the adapters' to apply, through
-  :func:`tool_offer`: a request whose conversation holds tool history keeps its tools
-  array as it is (Anthropic and Bedrock refuse tool history without tool definitions, and
-  the array is the first block of every provider's prompt cache), and when every tool of
-  the request is withdrawn the adapter forbids tool calls the provider's own way
-  (``tool_choice="none"``) where it has one. A conversation without tool history is
-  offered the tools that are not withdrawn. crewAI's text (ReAct) prompts lose the tool's
-  description where the adapter can edit them; where it cannot it says so
-  (:func:`keep_listed`) and a call of the tool is refused, never a stop -- the model was
-  following its prompt.
+  :func:`tool_offer`: the tools that are not withdrawn; but never a request with tool
+  history and no tools (Anthropic and Bedrock refuse it): with every tool withdrawn the
+  tools array stays as it is -- the first block of every provider's prompt cache -- and
+  the adapter forbids tool calls the provider's own way (``tool_choice="none"``) where
+  it has one. crewAI's text (ReAct) prompts lose the tool's description where the
+  adapter can edit them; where it cannot it says so (:func:`keep_listed`) and a call of
+  the tool is refused, never a stop -- the model was following its prompt.
 """
 
 from __future__ import annotations
@@ -161,12 +159,12 @@ def tool_name(tool: Any) -> str:
 class Offer(Generic[_T]):
     """What a model request offers once some of its tools are withdrawn.
 
-    ``tools``: the tools array to send -- unchanged when the conversation holds tool
-    history (providers that check it refuse tool history without definitions, and an
-    unchanged array keeps the prompt cache), else without the withdrawn tools (possibly
-    empty: then send none). ``forbid``: every tool the request lists is withdrawn and the
-    array was kept, so the adapter forbids tool calls where the provider lets it
-    (``tool_choice="none"``); a call the model makes anyway ends the run."""
+    ``tools``: the tools array to send: without the withdrawn tools (possibly empty, in a
+    conversation without tool history: then send none), or, when every tool is withdrawn
+    and the conversation holds tool history, unchanged (Anthropic and Bedrock refuse tool
+    history without tools). ``forbid``: that last case -- the adapter forbids tool calls
+    where the provider lets it (``tool_choice="none"``); a call the model makes anyway
+    ends the run."""
 
     tools: list[_T]
     forbid: bool
@@ -174,12 +172,21 @@ class Offer(Generic[_T]):
 
 def tool_offer(scope: TaskScope, tools: Sequence[_T], messages: Sequence[Any]) -> Offer[_T] | None:
     """For adapters, before a model request: what to offer (see :class:`Offer`), or None
-    when none of the request's tools is withdrawn (the request goes out as it is)."""
+    when none of the request's tools is withdrawn (the request goes out as it is).
+
+    A withdrawn tool is left out while others remain: the model cannot call what it is
+    not offered, the ladder's strongest step short of a stop (``loop-governor bench
+    --runs 1``, the stubborn model policy: 4 of 38 tasks failed with the tool left out, 11
+    of 38 with it kept and its calls ending the run), at the price of one prompt-cache
+    miss per withdrawal. Providers that check tool history want tools *defined*, any of them
+    (Bedrock accepts a placeholder; see tests/lg_openai_server.py): never none, so when
+    every tool of a request with tool history is withdrawn the array stays as it is and
+    the adapter forbids tool calls where the provider can."""
     keep = offered(scope, [tool_name(t) for t in tools])
     if all(keep):
         return None
-    if uses_tools(messages):
-        return Offer(list(tools), forbid=not any(keep))
+    if not any(keep) and uses_tools(messages):
+        return Offer(list(tools), forbid=True)
     return Offer([t for t, kept in zip(tools, keep, strict=True) if kept], forbid=False)
 
 

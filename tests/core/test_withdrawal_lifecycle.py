@@ -103,18 +103,17 @@ HISTORY = [
 ]
 
 
-def test_with_tool_history_the_tools_array_stays_and_all_withdrawn_forbids_calls(clock: VirtualClock) -> None:
+def test_a_withdrawn_tool_is_left_out_but_tool_history_never_goes_without_tools(clock: VirtualClock) -> None:
     gov, car = governor(clock), Car()
     with gov.task("t") as scope:
         assert tool_offer(scope, TOOLS, HISTORY) is None  # nothing withdrawn: as it is
         withdraw_start_engine(gov, car)
         offer = tool_offer(scope, TOOLS, HISTORY)
-        assert offer is not None and offer.tools == TOOLS and not offer.forbid
+        assert offer is not None and offer.tools == TOOLS[1:] and not offer.forbid
         scope.withdrawn["honk"] = ("no_progress", None, None, True)
-        offer = tool_offer(scope, TOOLS, HISTORY)
+        offer = tool_offer(scope, TOOLS, HISTORY)  # every tool withdrawn: the array stays, calls forbidden
         assert offer is not None and offer.tools == TOOLS and offer.forbid
-        # a conversation without tool history: the withdrawn tools are left out
-        offer = tool_offer(scope, TOOLS, HISTORY[:1])
+        offer = tool_offer(scope, TOOLS, HISTORY[:1])  # no tool history: none is a valid request
         assert offer is not None and offer.tools == [] and not offer.forbid
 
 

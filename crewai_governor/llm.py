@@ -106,9 +106,9 @@ class _Governed:
 
 def _offered(governor: lg.Governor, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keyword arguments as the ladder offers the tools once some are
-    withdrawn (:func:`loop_governor.ladder.tool_offer`): with tool history in the
-    conversation the schemas stay as they are (crewAI sends ``tool_choice="auto"`` itself,
-    so a call of a withdrawn tool ends the run); without, the withdrawn ones are left out."""
+    withdrawn (:func:`loop_governor.ladder.tool_offer`): without the withdrawn schemas;
+    with every tool withdrawn and tool history in the conversation they stay (crewAI sends
+    ``tool_choice="auto"`` itself, so a call of a withdrawn tool then ends the run)."""
     tools = kwargs.get("tools")
     scope = governor.current_task() if tools else None
     if scope is None or not scope.withdrawn or not isinstance(tools, list):

@@ -373,9 +373,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
 
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
         """The request as the ladder offers it once tools are withdrawn
-        (:func:`loop_governor.ladder.tool_offer`): with tool history the tools array stays
-        as it is, and when every tool is withdrawn an OpenAI model is told
-        ``tool_choice="none"``; without tool history the withdrawn tools are left out."""
+        (:func:`loop_governor.ladder.tool_offer`): without the withdrawn tools; with every
+        tool withdrawn and tool history in the conversation, the tools stay defined and an
+        OpenAI model is told ``tool_choice="none"``."""
         offer = tool_offer(scope, request.tools, request.messages)
         if offer is None:
             return request

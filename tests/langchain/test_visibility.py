@@ -111,7 +111,8 @@ def test_a_stop_ends_the_task_with_its_outcome(
             agent.invoke(payload, thread("stop-1"))
         else:
             asyncio.run(agent.ainvoke(payload, thread("stop-1")))
-    assert str(stop.value).startswith("loop-governor stopped the run: fetch_page (401): ")
+    assert str(stop.value).startswith("loop-governor stopped the run: fetch_page (unauthorized, 401): ")
+    assert stop.value.info.code == "unauthorized"  # every stop has a code to branch on
     (end,) = [e for e in events if e["event"] == "task_end"]
     assert end["task_id"] == "stop-1" and end["outcome"] == "stopped" and end["error_class"] == "FatalError"
 

@@ -67,6 +67,7 @@ from crewai_governor.tools import GovernedTool
 from loop_governor.config import check_pruner
 from loop_governor.context.tokens import approx_tokens
 from loop_governor.context.view import ASSISTANT, TOOL, codec_for
+from loop_governor.scope import NAME_CHARS, readable_name
 
 __all__ = ["GovernorHooks", "Installation", "MessagePruner", "install"]
 
@@ -379,7 +380,7 @@ class GovernorHooks:
             self._swap_llms(owner, kind)
         if self.governor.current_task() is not None:
             return
-        scope = self.governor.task(f"crewai-{kind}-{getattr(owner, 'id', None) or id(owner)}")
+        scope = self.governor.task(f"crewai-{kind}-{getattr(owner, 'id', None) or id(owner)}", name=_run_name(owner))
         scope.__enter__()
         with self._lock:
             self._run_scopes[id(owner)] = (owner, scope)
@@ -430,6 +431,21 @@ class GovernorHooks:
             InterceptionPoint.PRE_TOOL_CALL: self.before_tool_call,
             InterceptionPoint.POST_TOOL_CALL: self.after_tool_call,
         }
+
+
+def _run_name(owner: Any) -> str | None:
+    """What a person calls a kickoff: the crew's name if one was given, else its (first)
+    task's description; a flow's (a standalone agent's) name or role."""
+    tasks = list(getattr(owner, "tasks", None) or ())
+    name = getattr(owner, "name", None)
+    if tasks and (not isinstance(name, str) or name in ("", "crew")):  # "crew": crewAI's default
+        first = str(getattr(tasks[0], "name", None) or getattr(tasks[0], "description", "") or "").strip()
+        more = f" (+{len(tasks) - 1} more tasks)" if len(tasks) > 1 else ""
+        return f"{readable_name(first, NAME_CHARS - len(more))}{more}" if first else None
+    if isinstance(name, str) and name:
+        return name
+    role = getattr(owner, "role", None)
+    return str(role) if role else None
 
 
 class Installation:

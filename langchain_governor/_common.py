@@ -108,6 +108,20 @@ def state_value(state: Any, key: str) -> Any:
     return getattr(state, key, None)
 
 
+def first_request(state: Any) -> str | None:
+    """The text of the run's first user message: a run without a ``thread_id`` is named
+    by what it was asked ("Summarise the docs"), not by a generated id."""
+    for message in state_value(state, "messages") or ():
+        if getattr(message, "type", None) != "human":
+            continue
+        content = getattr(message, "content", "")
+        if isinstance(content, list):  # content blocks: their text parts
+            content = " ".join(str(p.get("text", "")) if isinstance(p, Mapping) else str(p) for p in content)
+        text = str(content).strip()
+        return text or None
+    return None
+
+
 def new_task_id() -> str:
     return uuid.uuid4().hex
 

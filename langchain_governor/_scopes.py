@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import loop_governor as lg
 
@@ -29,15 +29,16 @@ class LiveTasks:
         self._lock = threading.Lock()
         self._live: dict[str, tuple[lg.TaskScope, contextvars.Context]] = {}
 
-    def scope(self, task_id: str) -> lg.TaskScope:
-        """The live scope for ``task_id``, opened (task_start) on first use."""
+    def scope(self, task_id: str, name: Callable[[], str | None] | None = None) -> lg.TaskScope:
+        """The live scope for ``task_id``, opened (task_start) on first use, named by
+        ``name()`` then (asked only then: what a person reads for the task)."""
         with self._lock:
             entry = self._live.get(task_id)
             if entry is None:
                 # Entered in a private context copy: its token stays valid there, so the
                 # scope can be exited later from whichever node ends the run.
                 home = contextvars.copy_context()
-                scope = self.governor.task(task_id, resume=self.resume)
+                scope = self.governor.task(task_id, name=name() if name else None, resume=self.resume)
                 home.run(scope.__enter__)
                 entry = (scope, home)
                 self._live[task_id] = entry
@@ -56,7 +57,7 @@ class LiveTasks:
         return task_id in self._live
 
     @contextlib.contextmanager
-    def attached(self, task_id: str) -> Iterator[lg.TaskScope]:
+    def attached(self, task_id: str, name: Callable[[], str | None] | None = None) -> Iterator[lg.TaskScope]:
         """Make the task current for the duration of one node (or one handler call)."""
-        with self.governor.attach(self.scope(task_id)) as scope:
+        with self.governor.attach(self.scope(task_id, name)) as scope:
             yield scope

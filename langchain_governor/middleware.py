@@ -55,6 +55,7 @@ import loop_governor as lg
 from langchain_governor._capture import PromptCapture, capture_prompt
 from langchain_governor._common import (
     STATE_TASK_KEY,
+    first_request,
     new_task_id,
     resolve_governor,
     state_value,
@@ -260,7 +261,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             return
         task_id = self._task_id(state, runtime)
         try:
-            with self._tasks.attached(task_id):
+            with self._tasks.attached(task_id, lambda: self._thread_id(runtime) or first_request(state)):
                 yield
         except Exception as exc:
             if isinstance(exc, GraphBubbleUp) and not isinstance(exc, lg.FatalError):

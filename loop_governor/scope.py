@@ -43,6 +43,16 @@ def _result_text(value: Any) -> str:
     return text if len(text) <= PARTIAL_RESULT_CHARS else text[: PARTIAL_RESULT_CHARS - 3] + "..."
 
 
+NAME_CHARS = 80  # a task's readable name is cut to this many characters
+
+
+def readable_name(text: str, limit: int = NAME_CHARS) -> str:
+    """``text`` as a task's name on one line: whitespace runs collapsed, redacted, cut to
+    ``limit`` characters (a crew task's description can be a page long)."""
+    one_line = redact(" ".join(str(text).split()))
+    return one_line if len(one_line) <= limit else one_line[: limit - 1].rstrip() + "…"
+
+
 FINISHED_KEY = "finished_at"  # checkpoint metadata: when the task completed
 
 
@@ -70,6 +80,7 @@ class TaskScope:
         "known_bad",
         "last_invocation",
         "model_calls",
+        "name",
         "progress",
         "results",
         "results_saved",
@@ -89,9 +100,11 @@ class TaskScope:
         "world",
     )
 
-    def __init__(self, governor: Governor, task_id: str, resume: bool | None = None) -> None:
+    def __init__(self, governor: Governor, task_id: str, resume: bool | None = None, name: str | None = None) -> None:
         self.governor = governor
         self.task_id = task_id
+        # what a person reads for this task (log lines, the report): the name given, else the id
+        self.name = readable_name(name) if name is not None else task_id
         # None: resume a checkpoint only if its task did not finish; True: resume it even
         # if it did; False: start over (the old checkpoint is replaced)
         self.resume = resume
@@ -167,7 +180,7 @@ class TaskScope:
             self.results_saved = len(self.results)
             self.steps = self.checkpoint.step
         self._token = _SCOPE.set(self)
-        self.governor.emit("task_start")
+        self.governor.emit("task_start", name=self.name)
         return self
 
     def _resumes(self, loaded: TaskCheckpoint) -> bool:

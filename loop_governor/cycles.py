@@ -195,7 +195,7 @@ class Cycles(Policy):
         verdict = self._verdict(call, Fingerprint(f"\x00error\x00{error.info.signature}"))
         if verdict is OK:
             return error
-        self._report(call, verdict)
+        self._report(call, verdict, failed=True)
         info = error.info
         if verdict.action == "stop":
             if call.name in call.scope.withdrawn:  # type: ignore[union-attr]  # (the scope is set: _verdict)
@@ -207,9 +207,9 @@ class Cycles(Policy):
         advice = f"{info.advice or ''} This call is part of a loop; {_ends(call, verdict)}.".strip()
         return type(error)(info.model_copy(update={"advice": advice}))
 
-    def _report(self, call: Call, verdict: Verdict) -> None:
+    def _report(self, call: Call, verdict: Verdict, failed: bool = False) -> None:
         action = "withdraw" if verdict.action == "stop" else verdict.action
-        self.rt.events.emit("cycle", tool=call.name, period=verdict.count, action=action)
+        self.rt.events.emit("cycle", tool=call.name, period=verdict.count, action=action, failed=failed)
 
     def _withdraw(self, call: Call, verdict: Verdict) -> str:
         call.warned = True

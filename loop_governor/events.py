@@ -57,7 +57,7 @@ class Events:
         record.update(fields)
         if level is not None:
             try:
-                log_event(level, record)
+                log_event(level, record, scope.name if scope is not None else None)
             except Exception:
                 self.sink_failures += 1
         for fn in self._subscribers:

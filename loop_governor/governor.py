@@ -41,7 +41,7 @@ from loop_governor.progress import NoProgress
 from loop_governor.ratelimit import RateLimit
 from loop_governor.redaction import mask_url
 from loop_governor.repeats import RepeatedErrors
-from loop_governor.report import Refusals, Report
+from loop_governor.report import Failures, Report
 from loop_governor.runtime import Runtime
 from loop_governor.scope import TaskScope, call_key
 from loop_governor.scope_vars import _SCOPE
@@ -159,7 +159,6 @@ class Governor:
             rt,
             [
                 Report(rt),
-                Refusals(rt),
                 *resume,
                 Withdrawn(rt),
                 KnownBad(rt),
@@ -170,6 +169,7 @@ class Governor:
                 NoProgress(rt),
                 *([Cycles(rt)] if rt.config.cycle_detection else []),
                 World(),
+                Failures(rt),  # the failure as the model reads it, once every policy shaped it
                 RunStop(rt),  # last: whatever stopped the run, its checkpoint is saved
             ],
             [RateLimit(rt), Breaker(rt), budget.RetryBudget(rt), Compaction()],
@@ -269,15 +269,19 @@ class Governor:
 
     # -- task scope ----------------------------------------------------------------------
 
-    def task(self, task_id: str | None = None, *, resume: bool | None = None) -> TaskScope:
+    def task(self, task_id: str | None = None, *, name: str | None = None, resume: bool | None = None) -> TaskScope:
         """Open a task scope: ``with g.task("id"):`` or ``async with g.task("id"):``.
 
         With a checkpoint store, a task that did not finish resumes from its checkpoint;
         one that finished starts over (``resume=True``: resume it anyway; ``False``:
-        always start over). See :class:`~loop_governor.scope.TaskScope`."""
+        always start over). ``name`` is what log lines and the report call the task
+        (default: its id; a generated id is no name, so give one). See
+        :class:`~loop_governor.scope.TaskScope`."""
         if resume is not None and not isinstance(resume, bool):
             raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
-        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex, resume)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a string or None, not {type(name).__name__}")
+        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex, resume, name)
 
     @staticmethod
     def current_task() -> TaskScope | None:

@@ -41,7 +41,13 @@ _IDENTICAL = frozenset({"no_progress", "cycle"})
 
 
 def withdraw(
-    rt: Runtime, call: Call, code: str, why: str, tools: Iterable[str] = (), for_s: float | None = None
+    rt: Runtime,
+    call: Call,
+    code: str,
+    why: str,
+    tools: Iterable[str] = (),
+    for_s: float | None = None,
+    message: str | None = None,
 ) -> str:
     """Withdraw ``call``'s tool (and ``tools``: every tool of a cycle) for the rest of its
     task -- or, for a tool that is unavailable (``for_s``), until it may be back; returns
@@ -52,7 +58,7 @@ def withdraw(
     until = None if for_s is None else rt.clock() + max(1.0, for_s)
     for name in names:
         scope.withdrawn[name] = (code, scope.decision, until)
-        rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why, for_s=for_s)
+        rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why, for_s=for_s, message=message)
     listed = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + f" and {names[-1]}"
     verb, them = ("is", "it") if len(names) == 1 else ("are", "them")
     how_long = "for the rest of this task" if for_s is None else f"for the next {max(1, round(for_s))}s"
@@ -77,7 +83,7 @@ def withdrawn_error(
     rt: Runtime, call: Call, error: AgentToolError, code: str, why: str, for_s: float | None = None
 ) -> AgentToolError:
     """``error`` as the model reads it once the tool is withdrawn (same type and message)."""
-    note = withdraw(rt, call, code, why, for_s=for_s)
+    note = withdraw(rt, call, code, why, for_s=for_s, message=error.info.message)
     info = error.info
     return type(error)(info.model_copy(update={"advice": note, "retryable": False}))
 

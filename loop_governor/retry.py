@@ -147,6 +147,9 @@ class RetryLoop:
             signature=info.signature if info else None,
             status=info.status if info else None,
             code=info.code if info else None,
+            message=info.message if info else None,  # the tool's own words (the log line's)
+            max_attempts=call.policy.max_attempts,
+            throttle=call.waits_out_throttle,  # a turn waited for, not an attempt spent
         )
 
     def tenacity_kwargs(self) -> dict[str, Any]:

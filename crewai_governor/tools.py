@@ -38,6 +38,7 @@ from pydantic import PrivateAttr
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
 from crewai_governor.failures import GovernedToolError, ensure_fatal_relay, failure_from_error, raise_governed
+from loop_governor.config import check_tool_list, not_a_tool
 
 __all__ = [
     "GovernedStructuredTool",
@@ -245,6 +246,9 @@ def _cache_function_for(inner: BaseTool) -> Callable[..., bool]:
     return cache_unless_failure_then_inner
 
 
+_ACCEPTED = "a crewAI BaseTool (a plain function becomes one with crewai.tools.tool)"
+
+
 def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> GovernedTool:
     """Wrap one crewAI tool (a ``BaseTool`` subclass instance or an ``@tool`` function).
 
@@ -258,7 +262,7 @@ def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> Governed
             return tool
         tool = tool.inner
     if not isinstance(tool, BaseTool):
-        raise TypeError(f"govern_tool expects a crewai BaseTool (or an @tool function), got {type(tool).__name__}")
+        raise not_a_tool(tool, _ACCEPTED)
     with warnings.catch_warnings():
         # A closure cache_function can't be checkpointed by crewAI; the wrapped tool's
         # own one is kept, so the wrapper adds no new restriction.
@@ -287,10 +291,9 @@ def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> Governed
 def govern_tools(tools: Iterable[BaseTool], governor: lg.Governor | None = None) -> list[GovernedTool]:
     """:func:`govern_tool` for each tool, all sharing one governor (a single tool is
     refused with a TypeError: pass ``[tool]`` or use :func:`govern_tool`)."""
-    if isinstance(tools, BaseTool | str | bytes):
-        raise TypeError(
-            f"govern_tools takes a list of tools, got a single {type(tools).__name__}: "
-            "pass [tool], or use govern_tool(tool, governor)"
-        )
+    listed = check_tool_list(tools, lambda t: isinstance(t, BaseTool), "govern_tools")
     gov = resolve_governor(governor)
-    return [govern_tool(t, gov) for t in tools]
+    for i, tool in enumerate(listed):  # every one checked before any is wrapped
+        if not isinstance(tool, BaseTool):
+            raise not_a_tool(tool, _ACCEPTED, f"tools[{i}]")
+    return [govern_tool(t, gov) for t in listed]  # type: ignore[arg-type]

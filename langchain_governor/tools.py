@@ -66,6 +66,7 @@ from langchain_governor._common import (
     tool_message_record,
 )
 from langchain_governor.errors import GovernedFatalError, GovernedToolError, fatal_stop, tool_error
+from loop_governor.config import check_tool_list, not_a_tool
 
 __all__ = ["GovernedTool", "GovernedToolError", "govern_tool", "govern_tools"]
 
@@ -360,8 +361,24 @@ def govern_tool(
         if tool.governor is gov and tool.raise_errors == raise_errors:
             return tool
         return GovernedTool.wrap(tool.inner, gov, raise_errors=raise_errors)
-    base = tool if isinstance(tool, BaseTool) else as_tool(tool)
-    return GovernedTool.wrap(base, gov, raise_errors=raise_errors)
+    return GovernedTool.wrap(_as_base_tool(tool, "tool"), gov, raise_errors=raise_errors)
+
+
+_ACCEPTED = "a LangChain BaseTool or a function with a docstring"
+
+
+def _as_base_tool(tool: object, parameter: str) -> BaseTool:
+    """``tool`` as a BaseTool (a function becomes one, as ``@tool`` makes it), or a
+    TypeError naming ``parameter``: LangChain's ``tool("search")`` would return a decorator
+    and the failure would surface only at the agent's first step."""
+    if isinstance(tool, BaseTool):
+        return tool
+    if isinstance(tool, type) or not callable(tool) or not hasattr(tool, "__name__"):
+        raise not_a_tool(tool, _ACCEPTED, parameter)
+    try:
+        return as_tool(tool)
+    except (TypeError, ValueError) as exc:  # no docstring, an unsupported signature
+        raise TypeError(f"{parameter}: {tool.__name__} cannot become a LangChain tool: {exc}") from exc
 
 
 def govern_tools(
@@ -371,10 +388,8 @@ def govern_tools(
 
     ``tools`` is a list (or any iterable) of tools: a single tool is refused with a
     TypeError (use :func:`govern_tool` for one)."""
-    if isinstance(tools, BaseTool) or callable(tools) or isinstance(tools, str | bytes):
-        raise TypeError(
-            f"govern_tools takes a list of tools, got a single {type(tools).__name__}: "
-            "pass [tool], or use govern_tool(tool, governor)"
-        )
+    listed = check_tool_list(tools, lambda t: isinstance(t, BaseTool), "govern_tools")
     gov = resolve_governor(governor)
-    return [govern_tool(t, gov, raise_errors=raise_errors) for t in tools]
+    # every one checked before any is wrapped, a misfit named by its position
+    checked = [_as_base_tool(tool, f"tools[{i}]") for i, tool in enumerate(listed)]
+    return [govern_tool(t, gov, raise_errors=raise_errors) for t in checked]

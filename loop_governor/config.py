@@ -12,6 +12,7 @@ import difflib
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -395,6 +396,42 @@ def warn_unknown_env(fields: Any, environ: Any = None) -> list[str]:
 
 def _kind(value: object) -> str:
     return f"the class {value.__name__}" if isinstance(value, type) else type(value).__name__
+
+
+def _shown(value: object) -> str:
+    """A misused value as an error message names it: its type, and a string's text."""
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    name = getattr(value, "__name__", None)
+    if callable(value) and not isinstance(value, type) and isinstance(name, str):
+        return f"the function {name}"
+    return _kind(value)
+
+
+def check_tool_list(tools: object, single: Callable[[object], bool], function: str) -> list[object]:
+    """``tools`` (an adapter's ``govern_tools`` argument) as a list, or a TypeError naming
+    the parameter: a single tool (``single(tools)``), a function, a string, a mapping or
+    anything not iterable is refused at construction, not at the agent's first step."""
+    if single(tools) or callable(tools) or isinstance(tools, str | bytes | Mapping) or tools is None:
+        raise TypeError(
+            f"{function}: tools must be a list of tools, got {_shown(tools)}: "
+            f"pass [tool], or use {function.removesuffix('s')}(tool, governor)"
+        )
+    if not isinstance(tools, Iterable):
+        raise TypeError(f"{function}: tools must be a list of tools, got {_shown(tools)}")
+    try:
+        return list(tools)
+    except TypeError:
+        raise TypeError(f"{function}: tools must be a list of tools, got {_shown(tools)}") from None
+
+
+def not_a_tool(tool: object, accepted: str, parameter: str = "tool") -> TypeError:
+    """The TypeError, naming ``parameter``, for a value that is no tool (``accepted`` says
+    what is): a tool's name passed instead of the tool, a class instead of an instance."""
+    hint = " (pass the tool object, not its name)" if isinstance(tool, str) else ""
+    if isinstance(tool, type):
+        hint = " (pass an instance, not the class)"
+    return TypeError(f"{parameter} must be {accepted}, got {_shown(tool)}{hint}")
 
 
 def check_pruner(pruner: object, pruner_factory: object) -> None:

@@ -148,7 +148,10 @@ def _model_failed(e: Mapping[str, Any]) -> Line | None:
 
 
 def _breaker_wait(e: Mapping[str, Any]) -> Line:
-    return INFO, f"waiting {_secs(e.get('delay_s'))} for {_s(e.get('tool'))}: its circuit breaker is {_s(e.get('state'))}"
+    return (
+        INFO,
+        f"waiting {_secs(e.get('delay_s'))} for {_s(e.get('tool'))}: its circuit breaker is {_s(e.get('state'))}",
+    )
 
 
 def _rate_limited(e: Mapping[str, Any]) -> Line:
@@ -180,7 +183,9 @@ def _guard(e: Mapping[str, Any]) -> Line | None:
     tool = _s(e.get("tool"))
     if e.get("event") == "cycle":
         period = e.get("period")
-        what = "the same call keeps giving the same result" if period == 1 else f"its calls repeat in a cycle of {period}"
+        what = (
+            "the same call keeps giving the same result" if period == 1 else f"its calls repeat in a cycle of {period}"
+        )
     else:
         what = f"it returned the same result {_plural(e.get('count'), 'time')}"
     return INFO, f"{tool}: {what}; the model was told that repeating it withdraws {tool}"
@@ -191,7 +196,10 @@ def _withdrawn(e: Mapping[str, Any]) -> Line:
     why = f"{_s(e.get('code'))}: {_s(e.get('reason'))}"
     said = f"; its last error: {e['message']}" if e.get("message") else ""
     if for_s is None:
-        return WARNING, f"withdrew {tool} from the model for the rest of the task ({why}){said}; calling it again ends the run"
+        return (
+            WARNING,
+            f"withdrew {tool} from the model for the rest of the task ({why}){said}; calling it again ends the run",
+        )
     return (
         WARNING,
         f"withdrew {tool} from the model for {_secs(max(1.0, float(for_s)))} ({why}){said}; "

@@ -134,6 +134,5 @@ def test_a_line_outside_a_task_has_no_task_prefix_and_a_guard_warning_is_a_line(
     texts = [text for _, text in _lines(caplog)]
     assert texts[0].startswith("fetch_doc failed (permanent, HTTP 404): HTTPError: gone; the model was told: ")
     assert any(
-        t.startswith('task "review": critic: it returned the same result ') and "the model was told" in t
-        for t in texts
+        t.startswith('task "review": critic: it returned the same result ') and "the model was told" in t for t in texts
     ), texts

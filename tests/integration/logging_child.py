@@ -98,7 +98,9 @@ def run_agent() -> None:
     def script(messages: list) -> AIMessage:
         turn = sum(isinstance(m, AIMessage) for m in messages)
         name, args = ("search", {"query": "refunds"}) if turn == 0 else ("fetch_page", {"url": "refunds-2019.pdf"})
-        return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{turn}", "type": "tool_call"}])
+        return AIMessage(
+            content="", tool_calls=[{"name": name, "args": args, "id": f"call_{turn}", "type": "tool_call"}]
+        )
 
     agent = create_agent(
         ScriptedChatModel(script=script), tools=[search_tool, fetch_tool], middleware=[GovernorMiddleware(governor)]

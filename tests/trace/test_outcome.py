@@ -59,7 +59,9 @@ def test_runs_appended_to_one_trace_stay_apart_with_their_outcomes(tmp_path: Pat
     result = CliRunner().invoke(app, ["report", str(path), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "t1 · run 2</td><td>stopped" in out.read_text(encoding="utf-8")
-    assert "task t1 · run 2 stopped: FatalError crm (unauthorized, 401): HTTPError: token expired" in " ".join(result.output.split())
+    assert "task t1 · run 2 stopped: FatalError crm (unauthorized, 401): HTTPError: token expired" in " ".join(
+        result.output.split()
+    )
 
 
 def test_a_trace_with_one_run_keeps_its_task_ids(tmp_path: Path) -> None:

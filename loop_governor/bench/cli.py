@@ -6,12 +6,9 @@ so ``import loop_governor`` and every other command stay framework-free.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -33,6 +30,7 @@ from loop_governor.bench.real_model import (
     redact_url,
 )
 from loop_governor.bench.runner import FRAMEWORKS, total_steps
+from loop_governor.cli_common import flag, usage_error
 
 DEFAULT_RUNS = 2
 DEFAULT_JSON = "loop-governor-bench.json"
@@ -43,7 +41,7 @@ def _policies(value: str) -> list[str]:
     chosen = list(POLICY_NAMES) if value.strip() == "all" else [p.strip() for p in value.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in POLICY_NAMES]
     if unknown or not chosen:
-        raise typer.BadParameter(f"unknown model policy {unknown}; choose from {', '.join(POLICY_NAMES)} or all")
+        usage_error(f"--model-policy: unknown model policy {unknown}; choose from {', '.join(POLICY_NAMES)} or all")
     return list(dict.fromkeys(chosen))
 
 
@@ -52,21 +50,6 @@ def _console() -> Console:
     if not console.is_terminal and console.width < 120:
         console = Console(width=120)  # the tables are unreadable folded at 80 columns
     return console
-
-
-@contextlib.contextmanager
-def _quiet_governor_log() -> Iterator[None]:
-    """The benchmark stops runs and refuses calls on purpose, thousands of times: its tables
-    say so. Without a handler of the application's, Python's last-resort handler would print
-    each of those WARNINGs; while the benchmark runs, a NullHandler takes them (the library
-    itself installs none)."""
-    logger = logging.getLogger("loop_governor")
-    quiet = logging.NullHandler()
-    logger.addHandler(quiet)
-    try:
-        yield
-    finally:
-        logger.removeHandler(quiet)
 
 
 def register(app: typer.Typer) -> None:
@@ -121,7 +104,7 @@ def register(app: typer.Typer) -> None:
         html_path: Annotated[Path, typer.Option("--html", help="where the HTML report is written")] = Path(
             DEFAULT_HTML
         ),
-        full: Annotated[bool, typer.Option("--full", help="print every table, not only the summary")] = False,
+        full: Annotated[bool, flag("full", "print every table, not only the summary")] = False,
     ) -> None:
         """Baseline vs framework built-ins vs governed, through real LangChain and crewAI agents.
 
@@ -139,7 +122,7 @@ def register(app: typer.Typer) -> None:
         chosen = [f.strip() for f in frameworks.split(",") if f.strip()]
         unknown = [f for f in chosen if f not in FRAMEWORKS]
         if unknown or not chosen:
-            raise typer.BadParameter(f"unknown framework(s) {unknown}; choose from {', '.join(FRAMEWORKS)}")
+            usage_error(f"--frameworks: unknown framework(s) {unknown}; choose from {', '.join(FRAMEWORKS)}")
         policies = _policies(model_policy)
         settings: ModelSettings | None = None
         if model is not None:
@@ -152,25 +135,25 @@ def register(app: typer.Typer) -> None:
                     task_seconds=task_seconds,
                 )
             except ValueError as exc:
-                raise typer.BadParameter(str(exc), param_hint="--model") from None
+                usage_error(f"--model: {exc}")
         elif base_url is not None or api_key_env is not None:
-            raise typer.BadParameter("--base-url and --api-key-env need --model", param_hint="--model")
+            usage_error("--base-url and --api-key-env need --model")
         names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else None
         try:
             picked = select_scenarios(names, real=settings is not None)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--scenarios") from None
+            usage_error(f"--scenarios: {exc}")
         try:
             params = load_calibration(calibration)
         except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="--calibration") from None
+            usage_error(f"--calibration: {exc}")
         passes = runs if runs is not None else (1 if settings is not None else DEFAULT_RUNS)
         console = _console()
         if settings is not None:
             try:
                 check_endpoint(settings)
             except ValueError as exc:
-                raise typer.BadParameter(str(exc), param_hint="--base-url") from None
+                usage_error(f"--base-url: {exc}")
             specs = list(iter_specs(picked))
             expected, most = estimate(specs, len(ARMS), len(chosen), passes, settings)
             console.print(
@@ -190,7 +173,7 @@ def register(app: typer.Typer) -> None:
             TimeElapsedColumn(),
             console=bar_console,
             transient=True,
-        ) as progress, _quiet_governor_log():
+        ) as progress:
             total = total_steps(passes, chosen, 1 if settings is not None else len(policies), len(picked))
             task = progress.add_task("bench", total=total)
 
@@ -236,7 +219,7 @@ def register(app: typer.Typer) -> None:
         try:
             params = cal.calibrate(corpus)
         except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="CORPUS") from None
+            usage_error(f"CORPUS: {exc}")
         cal.write(params, out)
         console = _console()
         table = Table(title=f"failures and the next move, {corpus.name}")

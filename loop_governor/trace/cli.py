@@ -10,6 +10,7 @@ from rich.console import Console
 
 from loop_governor.cli_common import usage_error
 from loop_governor.terminal import cell, printable
+from loop_governor.trace.reading import task_names
 from loop_governor.trace.report import render_report, runs_apart, skipped_note
 from loop_governor.trace.store import Trace, load_trace
 
@@ -46,11 +47,13 @@ def report(
         f"{len(loaded.anomalies)} anomalies"
         + (f", {skipped_note(loaded)}" if loaded.skipped_lines or loaded.skipped_snapshot_lines else "")
     )
-    for end in runs_apart(loaded).of("task_end"):
+    apart = runs_apart(loaded)
+    names = task_names(apart.events)
+    for end in apart.of("task_end"):
         if end.get("outcome") not in (None, "completed"):
             # how a task ended, on the terminal too: a stop must not hide behind the counts
             console.print(
-                f"task {cell(end.get('task_id'))} {cell(end.get('outcome'))}: "
+                f"task {cell(names.get(end.get('task_id'), end.get('task_id')))} {cell(end.get('outcome'))}: "
                 f"{cell(end.get('error_class') or '')} {cell(end.get('reason') or '')}"
             )
 

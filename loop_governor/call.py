@@ -114,6 +114,7 @@ class Call:
     fallback_from: str | None = None
     next_fallback = 0
     warned = False  # a guard already told the model about this call (one note per result)
+    fixed: bool | None = None  # whether this success may have fixed something (fixes.did_something)
     _same_decision: bool | None = None
     _args_shape: int | None = None
     _args_text: str | None = None

@@ -41,7 +41,12 @@ MAX_MODEL_CALLS = 500
 POLL_MAX_CALLS = 60
 POLL_MAX_WALL_S = 3600.0
 # Tools that only let time pass: repeating them is what they are for (never a loop).
-WAIT_TOOL = re.compile(r"(?:^|[_\-.])(?:wait|sleep|pause|delay)(?:$|[_\-.])", re.I)
+# Only a name whose verb is the wait (``wait``, ``sleep_seconds``, ``wait_for_job``), not one
+# that acts on a thing (``pause_subscription``, ``delay_shipment``, ``get_flight_delay``).
+WAIT_TOOL = re.compile(
+    r"\A(?:wait|sleep|pause|delay)(?:\Z|[_\-.](?:for|seconds?|secs?|ms|millis|minutes?|mins?|time|a_bit|until|s)\b)",
+    re.I,
+)
 
 
 class _CallOverrides(BaseModel):

@@ -55,7 +55,8 @@ class Polls(Policy):
         entry = self._job(call)
         calls, first = entry[0], entry[1]
         elapsed = self.rt.clock() - first
-        over = "max_calls" if calls >= policy.poll_calls else "max_wall_s" if elapsed >= policy.poll_wall else None
+        # the poll at the bound itself still runs (a job of exactly an hour is seen done)
+        over = "max_calls" if calls >= policy.poll_calls else "max_wall_s" if elapsed > policy.poll_wall else None
         if over is None:
             entry[0] = calls + 1
             return None
@@ -83,7 +84,9 @@ class Polls(Policy):
             return result
         entry = self._job(call)
         calls, elapsed = entry[0], self.rt.clock() - entry[1]
-        if entry[2] or (calls < NEAR * policy.poll_calls and elapsed < NEAR * policy.poll_wall):
+        # the next poll at the cadence seen so far: a poll every 20 minutes is warned at 40
+        cadence = elapsed / (calls - 1) if calls > 1 else 0.0
+        if entry[2] or (calls + 1 < NEAR * policy.poll_calls + 1 and elapsed + cadence < NEAR * policy.poll_wall):
             return result
         entry[2] = True
         self.rt.events.emit("poll_near_bound", tool=call.name, calls=calls, elapsed_s=round(elapsed, 3))

@@ -23,10 +23,11 @@ ladder takes it from there (:mod:`loop_governor.escalation`: withdraw, then stop
   the error changes, and it is iterating, not looping.
 
 Two things are no repeat, measured on recorded runs: parallel calls of one model turn (one
-decision, counted once), and a failure that comes back only after more than
-``REPEAT_GAP - 1`` other calls -- a re-check after real work, like a linter re-run after
-each round of edits in a successful coding run. Such a failure is not counted, and the
-count it would have added to stays where it was.
+decision, counted once), and a failure that comes back after something that may have fixed it
+(:mod:`loop_governor.fixes`): an edit, a toggle, a call that *did* something -- a coding agent
+re-running its tests after each edit is iterating. A ``think``, a note or a new search in
+between only said something: the failure counts. Such a failure is not counted, and the count
+it would have added to stays where it was.
 """
 
 from __future__ import annotations
@@ -37,12 +38,8 @@ import xxhash
 
 from loop_governor.call import Call, Policy
 from loop_governor.errors import AgentToolError, ErrorType, LoopDetectedError
-from loop_governor.fingerprint import command_of, reads_only
+from loop_governor.fixes import fixed_since
 from loop_governor.runtime import Runtime
-
-# A failure counts again only if it comes back within this many tool calls of its last
-# occurrence (at most 3 calls in between: a loop's period is 2-4 -- fail, think, fail).
-REPEAT_GAP = 4
 
 
 def failure_key(call: Call, error: AgentToolError) -> str:
@@ -66,8 +63,7 @@ def _about(call: Call, outage: bool) -> str:
 
 
 def end_episodes(call: Call) -> None:
-    """``call`` succeeded: the failures of its question, and an outage of its tool, are over;
-    and if it may have changed state, it may be the fix of the tool's other failures."""
+    """``call`` succeeded: the failures of its question, and an outage of its tool, are over."""
     scope = call.scope
     if scope is None or call.name not in scope.failed_tools:
         return
@@ -75,26 +71,12 @@ def end_episodes(call: Call) -> None:
     for about in (call.name, _about(call, False)):
         if about in episodes:
             episodes[about] += 1
-    if not call.policy.read_only:
-        command = command_of(call.args, call.kwargs)
-        if command is None or not reads_only(command):
-            scope.fixed_at[call.name] = scope.tool_calls
-
-
-def fixed_since(call: Call, step: int) -> bool:
-    """Whether the same tool succeeded since tool call ``step`` with other arguments that may
-    change state -- a shell's edit, a file tool's write: a coding agent re-running a failing
-    check after each edit is iterating (measured on recorded coding runs, where an edit, the
-    same failing test, another edit, then a pass, is everyday work). A fix through *another*
-    tool is no such excuse: a failing call after a varied ``think`` or note is a loop."""
-    scope = call.scope
-    return scope is not None and scope.fixed_at.get(call.name, -1) > step
 
 
 def counts_again(call: Call, key: str) -> bool:
     """Whether this failure of ``call`` (under ``key``) counts as a repeat: not a parallel
-    call of the turn that already counted it, not a re-check after more than
-    ``REPEAT_GAP - 1`` other calls. Moves the key's last occurrence on."""
+    call of the turn that already counted it, not a try after something that may have fixed
+    it. Moves the key's last occurrence on."""
     scope = call.scope
     assert scope is not None
     step, decision = scope.tool_calls, scope.decision
@@ -104,7 +86,7 @@ def counts_again(call: Call, key: str) -> bool:
         return True
     if decision is not None and last[1] == decision:
         return False  # parallel calls of one model turn are one decision: counted once
-    return step - last[0] <= REPEAT_GAP and not fixed_since(call, last[0])
+    return not fixed_since(call, last[0])
 
 
 class RepeatedErrors(Policy):

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.errors import FatalError
+from loop_governor.fixes import MOVERS_KEPT
 from loop_governor.keys import call_key
 from loop_governor.progress import ProgressGuard
 from loop_governor.redaction import redact
@@ -68,11 +69,11 @@ class TaskScope:
         "error_turns",
         "failed_tools",
         "first_call_at",
-        "fixed_at",
         "governor",
         "known_bad",
         "last_invocation",
         "model_calls",
+        "movers",
         "polls",
         "progress",
         "results",
@@ -115,7 +116,9 @@ class TaskScope:
         # -> how many of its failure episodes a success ended; the tools that ever failed
         self.episodes: dict[str, int] = {}
         self.failed_tools: set[str] = set()
-        self.fixed_at: dict[str, int] = {}  # tool -> the tool call its last possible fix came at
+        # the latest state-changing successes, (tool call number, call): what may have fixed a
+        # repeat is asked of them only when a repeat comes (loop_governor.fixes)
+        self.movers: deque[tuple[int, Any]] = deque(maxlen=MOVERS_KEPT)
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was
         # (the agent may have fixed the cause: pressed the brake, logged in, edited a file).

@@ -277,6 +277,94 @@ def recheck_after_fixes(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
     return turns, tuple(must)
 
 
+def id_batch(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
+    """The same lookup over 10-30 ids with separators (INV-2024-0001...), dates or SKUs, often
+    with the identical answer ("paid"); one per turn, or 10 in one turn."""
+    n = rng.randint(10, 30)
+    kind = rng.choice(("invoice", "date", "sku", "parallel"))
+    if kind in ("invoice", "parallel"):
+        start = rng.randint(1, 500)
+        calls = [
+            Step("get_invoice_status", {"invoice_id": f"INV-2024-{start + i:04d}"}, _j({"status": "paid"}))
+            for i in range(n if kind == "invoice" else 10)
+        ]
+    elif kind == "date":
+        calls = [
+            Step("get_daily_report", {"date": f"2024-03-{1 + i:02d}"}, "No incidents reported.")
+            for i in range(min(n, 28))
+        ]
+    else:
+        base = rng.randint(1000, 8000)
+        calls = [Step("check_stock", {"sku": f"SKU-{base + i}"}, "in stock (warehouse A)") for i in range(n)]
+    turns: Turns = [calls] if kind == "parallel" else [[c] for c in calls]
+    turns.append([])
+    return turns, tuple(range(len(calls)))
+
+
+def deleted_orders(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
+    """A batch over 10 order ids that were all deleted: ten 404s on different ids."""
+    ids = [f"#W{rng.randint(1000000, 9999999)}" for _ in range(10)]
+    turns: Turns = [[Step("get_order_details", {"order_id": o}, f"Error: order {o} not found", "error")] for o in ids]
+    kept = f"#W{rng.randint(1000000, 9999999)}"
+    turns.append([Step("get_order_details", {"order_id": kept}, _j({"order_id": kept, "status": "delivered"}))])
+    turns.append([])
+    return turns, tuple(range(11))
+
+
+def outage_recovers(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
+    """A service down for 20 s, then back; the agent asks every turn (5 s apart) until it gets
+    an answer. The calls once it may be back (the breaker's 60 s cool-down over) must run."""
+    query = {"query": rng.choice(("refund policy", "baggage rules", "pet policy"))}
+    answer = "3 results: the policy page, the FAQ, the terms"
+    turns: Turns = [[Step("search_kb", query, answer, down_until=20.0 + lr.STEP_SECONDS)] for _ in range(14)]
+    turns.append([])
+    return turns, (13,)  # t+70 s: offered again, and answered
+
+
+def long_poll(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
+    """A 20-minute job (declared poll) polled about once a minute, a wait tool between polls,
+    the poll's arguments sometimes carrying an attempt counter."""
+    job = f"J-{rng.randint(1000, 9999)}"
+    counter = rng.random() < 0.5
+    running = _j({"job_id": job, "state": "running"})
+    turns: Turns = [[Step("start_job", {"pipeline": "nightly"}, _j({"job_id": job, "state": "queued"}))]]
+    polls = 20
+    for i in range(polls):
+        args: dict[str, object] = {"job_id": job, "attempt": i + 1} if counter else {"job_id": job}
+        turns.append([Step("get_job_status", args, running)])
+        turns.append([Step("wait", {"seconds": 55}, "waited 55 seconds", wait_s=55.0)])
+    done = _j({"job_id": job, "state": "succeeded"})
+    turns.append([Step("get_job_status", {"job_id": job, "attempt": polls + 1} if counter else {"job_id": job}, done)])
+    turns.append([])
+    return turns, (_steps(turns) - 1,)
+
+
+def critic_converges(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
+    """Revised drafts whose verdict changes each round until the critic approves."""
+    notes = ["the tone is off", "the refund amount is missing", "the dates are wrong", "cite the policy"]
+    rounds = rng.randint(2, 4)
+    turns: Turns = []
+    for i in range(rounds):
+        turns.append(
+            [Step("critic", {"draft": f"Draft {i}: {_token(rng, 30)}"}, f"Not good enough: {notes[i]}. Revise.")]
+        )
+    turns.append([Step("critic", {"draft": f"Draft {rounds}: {_token(rng, 30)}"}, "Approved: ready to send.")])
+    turns.append([])
+    return turns, tuple(range(rounds + 1))
+
+
+def search_rewrites(rng: random.Random) -> tuple[Turns, tuple[int, ...]]:
+    """The agent rewrites its query until it finds the page; each search answers differently."""
+    topics = rng.sample(("refund window", "refunds for cancelled flights", "cancellation fees", "vouchers"), 3)
+    turns: Turns = []
+    for topic in topics:
+        hits = ", ".join(f"'{topic} {_token(rng, 5)}'" for _ in range(rng.randint(1, 3)))
+        turns.append([Step("search_kb", {"query": topic}, f"results: {hits}")])
+        turns.append([Step("think", {"thought": f"Not quite it; rephrase {topic}."}, "")])
+    turns.append([])
+    return turns, tuple(range(0, 2 * len(topics), 2))
+
+
 # -- real loops ------------------------------------------------------------------------------
 
 LOOP_LEN = 10  # calls in each generated loop
@@ -382,6 +470,66 @@ def failure_between_lookups(rng: random.Random) -> Turns:
     return [[s] for _ in range(LOOP_LEN // 2 + 1) for s in (step, look)]
 
 
+def think_interleaved_failure(rng: random.Random) -> Turns:
+    """The identical failing call alternated with a varied think, a note or a new search
+    (the failure the old world rule let through: something succeeded in between)."""
+    failing = Step(
+        "fetch_doc", {"name": "refunds-2019.pdf"}, "Error: HTTP 404: no document named refunds-2019.pdf", "error"
+    )
+    between = rng.choice(("think", "log_note", "search_kb"))
+    turns: Turns = []
+    for i in range(LOOP_LEN):
+        turns.append([failing])
+        if between == "think":
+            turns.append([Step("think", {"thought": f"Maybe it is there now ({i})."}, "")])
+        elif between == "log_note":
+            turns.append([Step("log_note", {"note": f"attempt {i} failed"}, f"note {i} saved")])
+        else:
+            turns.append([Step("search_kb", {"query": f"refunds {i}"}, f"{rng.randint(1, 9)} results for refunds {i}")])
+    return turns
+
+
+def critic_revised(rng: random.Random) -> Turns:
+    """A critic handed a new draft each round (v0, v1...), the same verdict but for a score."""
+    return [
+        [Step("critic", {"draft": f"v{i}"}, f"Score {rng.randint(3, 6)}/10. Not good enough: the tone is off. Revise.")]
+        for i in range(LOOP_LEN)
+    ]
+
+
+def revised_payment(rng: random.Random) -> Turns:
+    """The same booking sent again with another amount each time, failing the same way, with a
+    think or a calculate between (tau-bench's book_reservation)."""
+    total = rng.randint(300, 900)
+    turns: Turns = []
+    for _i in range(LOOP_LEN):
+        paid = rng.randint(100, total - 1)
+        args = {
+            "user_id": "mia_li_3668",
+            "flights": [{"flight_number": "HAT136", "date": "2024-05-20"}],
+            "payment_methods": [{"payment_id": "credit_card_4421486", "amount": paid}],
+        }
+        text = f"Error: Payment amount does not add up, total price is {total}, but paid {paid}"
+        turns.append([Step("book_reservation", args, text, "error")])
+        if rng.random() < 0.5:
+            turns.append([Step("calculate", {"expression": f"{total} - {paid}"}, str(total - paid))])
+        else:
+            turns.append([Step("think", {"thought": f"The total is {total}; I paid {paid}."}, "")])
+    return turns
+
+
+def poll_forever(rng: random.Random) -> Turns:
+    """A declared poll of a job that never finishes, an attempt counter in its arguments."""
+    job = f"J-{rng.randint(1000, 9999)}"
+    turns: Turns = []
+    for i in range(100):
+        turns.append(
+            [Step("get_job_status", {"job_id": job, "attempt": i + 1}, _j({"job_id": job, "state": "running"}))]
+        )
+        turns.append([Step("wait", {"seconds": 20}, "waited 20 seconds", wait_s=20.0)])
+    return turns
+
+
 HealthyMaker = Callable[[random.Random], tuple[Turns, tuple[int, ...]]]
 LoopMaker = Callable[[random.Random], Turns]
 
@@ -394,6 +542,12 @@ HEALTHY: dict[str, HealthyMaker] = {
     "parallel_same_id": parallel_same_id,
     "cursor_pagination": cursor_pagination,
     "recheck_after_fixes": recheck_after_fixes,
+    "id_batch": id_batch,
+    "deleted_orders": deleted_orders,
+    "outage_recovers": outage_recovers,
+    "long_poll": long_poll,
+    "critic_converges": critic_converges,
+    "search_rewrites": search_rewrites,
 }
 LOOPS: dict[str, LoopMaker] = {
     "same_failure": same_failure,
@@ -405,6 +559,10 @@ LOOPS: dict[str, LoopMaker] = {
     "page_walk_same": page_walk_same,
     "repeat_after_nothing": repeat_after_nothing,
     "failure_between_lookups": failure_between_lookups,
+    "think_interleaved_failure": think_interleaved_failure,
+    "critic_revised": critic_revised,
+    "revised_payment": revised_payment,
+    "poll_forever": poll_forever,
 }
 HELP = {
     "precondition_fix_retry": "fails on a precondition (press the brake, create the folder) -> fix -> same call ok",
@@ -415,6 +573,12 @@ HELP = {
     "parallel_same_id": "2-4 lookups of one id in one turn (identical or different tools)",
     "cursor_pagination": "next_cursor walk, a different page every time",
     "recheck_after_fixes": "a status check after each of 2-4 different fixes; the same answer until the last",
+    "id_batch": "10-30 lookups over ids with separators, dates or SKUs, often the identical answer",
+    "deleted_orders": "10 different order ids, each a 404",
+    "outage_recovers": "a service down for 20 s, asked every 5 s; the calls after it may be back must run",
+    "long_poll": "a 20-minute job polled once a minute with a wait tool between (poll=True), args with a counter",
+    "critic_converges": "revised drafts, the verdict changes each round until approved",
+    "search_rewrites": "rewritten queries, a different answer each time, a think between",
     "same_failure": "the identical failing call, 10 times",
     "same_success": "the identical call with the identical answer, 10 times",
     "ab_cycle": "A-B, results unchanged, x5",
@@ -424,10 +588,16 @@ HELP = {
     "page_walk_same": "page=2,3,... with the same non-empty answer, x10",
     "repeat_after_nothing": "fails, then the same call again after a turn without tools, x10",
     "failure_between_lookups": "the same failing call with a read-only lookup between, x6",
+    "think_interleaved_failure": "the identical failing call alternated with a varied think / note / search, x10",
+    "critic_revised": "a critic handed drafts v0..v9, the same verdict but for a score",
+    "revised_payment": "the same booking with another amount, failing alike, a think or calculate between, x10",
+    "poll_forever": "a declared poll that never finishes, an attempt counter in its args, a wait between",
 }
 POLICIES: dict[str, dict[str, dict[str, object]]] = {
     "poll": {"get_job_status": {"poll": True, "max_calls": 30}},
     "failure_between_lookups": {"get_reservation_details": {"read_only": True}},
+    "long_poll": {"get_job_status": {"poll": True}},
+    "poll_forever": {"get_job_status": {"poll": True}},
 }
 
 

@@ -58,6 +58,10 @@ class Step:
     result: str  # the result text the model read
     failure: str | None = None  # None: success; "error" / "timeout": the replayed tool raises
     origin: str = "run"  # "run", or the spliced pattern's name
+    # generated runs only: a wait tool's seconds (virtual time passes), and an outage: the
+    # tool raises "HTTP 503" until this many seconds after the replay's start
+    wait_s: float = 0.0
+    down_until: float | None = None
 
 
 @dataclass(slots=True)
@@ -187,11 +191,34 @@ _TIMED_OUT = re.compile(r"timed out after (\d+(?:\.\d+)?) seconds")
 
 
 def tool_fn(
-    step: Step, kind: str, *, raise_failures: bool = True, sleep: Callable[[float], None] | None = None
+    step: Step,
+    kind: str,
+    *,
+    raise_failures: bool = True,
+    sleep: Callable[[float], None] | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> Callable[[Any], str]:
     """The function ``g.call`` runs for ``step``: returns the recorded result, or raises
     when it was a failure (unless ``raise_failures`` is off: then failures are results too).
-    A timed-out command takes its timeout again on every attempt (``sleep``: virtual time)."""
+    A timed-out command takes its timeout again on every attempt (``sleep``: virtual time);
+    a generated wait lets its seconds pass; a generated outage raises until it is over."""
+    if step.down_until is not None and clock is not None:
+        up_at, result = START + step.down_until, step.result
+
+        def flaky(_args: Any) -> str:
+            if clock() < up_at:
+                raise ToolError("HTTP 503: service unavailable")
+            return result
+
+        return flaky
+    if step.wait_s and sleep is not None:
+        waited, seconds = step.result, step.wait_s
+
+        def wait(_args: Any) -> str:
+            sleep(seconds)
+            return waited
+
+        return wait
     if step.failure is None or not raise_failures:
         result = step.result
 
@@ -360,7 +387,7 @@ def replay(
             for step in turn:
                 clock.sleep(STEP_SECONDS)
                 if out.governor is None:
-                    fn, ran = tool_fn(step, kind, raise_failures=raise_failures, sleep=clock.sleep), []
+                    fn, ran = tool_fn(step, kind, raise_failures=raise_failures, sleep=clock.sleep, clock=clock), []
 
                     def counted(args: Any, fn: Callable[[Any], str] = fn, ran: list[int] = ran) -> str:
                         ran.append(1)
@@ -414,7 +441,7 @@ def time_calls(runs: Sequence[Run], *, seed: int = 0, raise_failures: bool = Tru
         try:
             for step in run.steps:
                 clock.sleep(STEP_SECONDS)
-                fn = tool_fn(step, run.kind, raise_failures=raise_failures, sleep=clock.sleep)
+                fn = tool_fn(step, run.kind, raise_failures=raise_failures, sleep=clock.sleep, clock=clock)
                 tool, args = step.tool, step.args
                 stopped = False
                 start = perf()
@@ -442,7 +469,15 @@ def time_calls(runs: Sequence[Run], *, seed: int = 0, raise_failures: bool = Tru
 
 # -- spliced loop patterns ---------------------------------------------------------------
 
-PATTERNS = ("failure_x10", "ab_x10", "abc_x10", "critic_x10", "page_walk_x10")
+PATTERNS = (
+    "failure_x10",
+    "ab_x10",
+    "abc_x10",
+    "critic_x10",
+    "page_walk_x10",
+    "think_failure_x10",
+    "critic_revised_x10",
+)
 EXTRA_PATTERNS = ("near_failure_x10", "edit_check_x10")
 PATTERN_HELP = {
     "failure_x10": "the identical call raising the identical failure 10 times",
@@ -450,6 +485,8 @@ PATTERN_HELP = {
     "abc_x10": "three recorded calls of the run (unchanged results) cycling, A-B-C x10",
     "critic_x10": "a critic judging a new draft 10 times; its verdict differs only in a score and a timestamp",
     "page_walk_x10": "a page/offset argument walking on, the result the same empty one, 10 calls",
+    "think_failure_x10": "the identical failing call alternated with a varied think / note / new search, x10",
+    "critic_revised_x10": "a critic judging a revised draft 10 times; its verdict moves only in a score or a time",
     "near_failure_x10": "extra: a failing call whose argument and error differ in one number, 10 times",
     "edit_check_x10": "extra: revise, then re-run the same check whose failure differs only in a duration, x10",
 }
@@ -541,6 +578,55 @@ def _critic(kind: str, run_steps: Sequence[Step], rng: random.Random) -> list[St
     return steps
 
 
+def _think_failure(kind: str, run_steps: Sequence[Step], rng: random.Random) -> list[Step]:
+    """The identical failing call, with a varied call of another tool between each try."""
+    if kind == "swe":
+        out = "Traceback (most recent call last):\nFileNotFoundError: [Errno 2] No such file: 'docs/refunds-2019.md'\n"
+        failing = Step("bash", {"command": "cat docs/refunds-2019.md"}, _swe_out(out, 1), "error")
+    else:
+        failing = Step(
+            "fetch_doc", {"name": "refunds-2019.pdf"}, "Error: HTTP 404: no document named refunds-2019.pdf", "error"
+        )
+    steps = []
+    for i in range(10):
+        steps.append(failing)
+        kind_of = rng.choice(("think", "note", "search"))
+        if kind == "swe":
+            between = Step(
+                "bash",
+                {"command": f"echo 'attempt {i}: {rng.choice(('retry', 'check', 'again'))}'"},
+                _swe_out(f"attempt {i}\n"),
+            )
+        elif kind_of == "think":
+            between = Step(
+                "think", {"thought": f"The document may exist under another id ({i}); let me try again."}, ""
+            )
+        elif kind_of == "note":
+            between = Step("log_note", {"note": f"fetch attempt {i} failed, retrying"}, f"note {i} saved")
+        else:
+            topic = rng.choice(("refund window", "refund policy 2019", "returns", "refund exceptions"))
+            between = Step("search_kb", {"query": f"{topic} {i}"}, f"{rng.randint(1, 9)} results for {topic} {i}")
+        steps.append(between)
+    return steps
+
+
+def _critic_revised(kind: str, run_steps: Sequence[Step], rng: random.Random) -> list[Step]:
+    """A critic sent a new draft each round; its verdict moves only in a score or a timestamp."""
+    topic = rng.choice(("the nested case", "the empty input", "the timezone"))
+    moving = rng.choice(("score", "time"))
+    steps = []
+    for i in range(10):
+        if moving == "score":
+            verdict = f"Score {rng.randint(4, 7)}/10. Not good enough: {topic} is still not handled. Revise."
+        else:
+            verdict = f"[reviewed 2024-05-1{i % 10}T12:{rng.randint(0, 59):02d}:00Z] Not good enough: {topic}. Revise."
+        # (a coding agent's reviewer is a tool of its own, handed the draft: the same call)
+        steps.append(
+            Step("critic", {"draft": f"Draft v{i}: offer the passenger a refund ({rng.randint(1, 999)})"}, verdict)
+        )
+    return steps
+
+
 def _page_walk(kind: str, run_steps: Sequence[Step], rng: random.Random) -> list[Step]:
     if kind == "swe":  # a coding agent pages through a file with sed, past its end
         path, first = rng.choice(("src/pkg/core.py", "src/pkg/io.py")), rng.choice((400, 600, 1000))
@@ -572,6 +658,8 @@ _MAKERS: dict[str, Callable[[str, Sequence[Step], random.Random], list[Step]]] =
     "abc_x10": _cycle(3),
     "critic_x10": _critic,
     "page_walk_x10": _page_walk,
+    "think_failure_x10": _think_failure,
+    "critic_revised_x10": _critic_revised,
     "near_failure_x10": _near_failure,
     "edit_check_x10": _edit_check,
 }
@@ -583,7 +671,9 @@ def pattern_steps(pattern: str, kind: str, run_steps: Sequence[Step], rng: rando
     maker = _MAKERS.get(pattern)
     if maker is None:
         raise ValueError(f"unknown pattern {pattern!r}")
-    return [Step(s.tool, s.args, s.result, s.failure, pattern) for s in maker(kind, run_steps, rng)]
+    return [
+        Step(s.tool, s.args, s.result, s.failure, pattern, s.wait_s, s.down_until) for s in maker(kind, run_steps, rng)
+    ]
 
 
 @dataclass(slots=True)

@@ -117,9 +117,10 @@ def _pairs_intact(before: list[Any], after: list[Any]) -> bool:
 def _untally_poll(context: Any) -> None:
     """crewAI 1.15 ends a run on the 5th identical (tool, arguments, result) -- its
     ``check_repeated_tool_call``, counted in the executor's ``_tool_call_counts`` right
-    after these hooks. A tool the user declared a poll (``ToolPolicy(poll=True)``) answers
-    alike by design and the governor bounds it (``max_calls``, ``max_wall_s``), so its call
-    is taken out of that tally. The key is crewAI's own (see that function); nothing else
+    after these hooks. A tool the user declared a poll (``ToolPolicy(poll=True)``), or one that
+    only lets time pass (``wait``, ``sleep``), answers alike by design and the governor bounds
+    it (a poll's ``max_calls`` and ``max_wall_s``, the task's model calls), so its call is
+    taken out of that tally. The key is crewAI's own (see that function); nothing else
     exposes the tally, hence the private attribute, read defensively."""
     agent = getattr(context, "agent", None)
     executor = getattr(agent, "agent_executor", None)
@@ -327,7 +328,8 @@ class GovernorHooks:
     def after_tool_call(self, context: Any) -> str | None:
         if not self.active:
             return None
-        if self.governor.rt.policy("tool", str(getattr(context, "tool_name", ""))).poll:
+        policy = self.governor.rt.policy("tool", str(getattr(context, "tool_name", "")))
+        if policy.poll or policy.wait:
             _untally_poll(context)
         if not self._blocked:
             return None

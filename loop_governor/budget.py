@@ -138,16 +138,14 @@ class TaskBudget(Policy):
     def before(self, call: Call) -> Resumed | None:
         scope = call.scope
         assert scope is not None
-        if call.kind == TOOL and not self.rt.limited:  # the common case, inline: count and go
+        if call.kind == TOOL and not self.rt.tools_limited:  # the common case, inline: count and go
             if scope.model_calls == 0:
                 scope.steps += 1
             scope.tool_calls += 1
             return None
         try:
-            if call.kind == TOOL:
-                # a poll is bounded per polled arguments (one job), not per tool
-                key = f"{call.name}\x00{call.args_signature[0]}" if call.policy.poll else None
-                charge(self.rt, scope, TOOL, call.name, call.policy.max_calls, call.policy.max_wall, key)
+            if call.kind == TOOL:  # (a poll's own bounds are per job: loop_governor.polls)
+                charge(self.rt, scope, TOOL, call.name, call.policy.max_calls, call.policy.max_wall)
             else:
                 charge(self.rt, scope, call.kind, call.name)
         except BudgetExhaustedError:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, args_text, result_text
+from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, args_subject, args_text, result_text
 from loop_governor.keys import call_key
 from loop_governor.scope_vars import _CALL_META
 
@@ -114,11 +114,13 @@ class Call:
     fallback_from: str | None = None
     next_fallback = 0
     warned = False  # a guard already told the model about this call (one note per result)
+    fixed: bool | None = None  # whether this success may have fixed something (fixes.did_something)
     _same_decision: bool | None = None
     _args_shape: int | None = None
     _args_text: str | None = None
     _fingerprint: Fingerprint | None = None
     _args_sig: tuple[int, int] | None = None
+    _subject: tuple[int, int] | None = None
 
     def __init__(
         self,
@@ -167,6 +169,15 @@ class Call:
         if self._args_sig is None:
             self._args_sig = args_signature(self.args, self.kwargs)
         return self._args_sig
+
+    @property
+    def subject(self) -> tuple[int, int]:
+        """``(entity, content)`` of the arguments (see :func:`~loop_governor.fingerprint.args_subject`):
+        calls with the same entity ask the same question, revised or not. Computed on first use
+        (a repeat or a failure asks for it, a healthy call never does)."""
+        if self._subject is None:
+            self._subject = args_subject(self.args, self.kwargs)
+        return self._subject
 
     @property
     def key_if_known(self) -> str | None:

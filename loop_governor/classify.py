@@ -61,6 +61,10 @@ class ErrorInfo:
     signature: str = ""
     retry_after: float | None = None
     message: str = ""
+    #: "the same error again", for the loop guards: the message with only what varies between
+    #: occurrences of one fault masked (numbers, ids, timestamps), names and quoted values
+    #: kept -- "No module named 'numpy'" after "No module named 'scipy'" is another error.
+    identity: str = ""
     exception_type: str = ""
     evidence: str = "default"
     #: A transient failure that paces the caller rather than reporting a fault: HTTP 429,
@@ -825,17 +829,36 @@ _NORMALIZERS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
-def normalize_message(message: str, limit: int | None = 1000) -> str:
+# The normalizers that mask what varies in one fault, not what tells two faults apart:
+# quoted values and paths stay (they name the module, the file, the column that failed).
+_QUOTED = re.compile(r"'[^'\n]{0,200}'|\"[^\"\n]{0,200}\"|`[^`\n]{0,200}`")
+_IDENTITY_NORMALIZERS = tuple((p, r) for p, r in _NORMALIZERS if r not in ("<q>", "<path>"))
+
+
+def _normalized(text: str, normalizers: tuple[tuple[re.Pattern[str], str], ...]) -> str:
+    for pattern, repl in normalizers:
+        text = pattern.sub(repl, text)
+    return text.strip()
+
+
+def normalize_message(message: str, limit: int | None = 1000, *, keep_names: bool = False) -> str:
     """Replace the parts of an error message that vary between occurrences of one fault.
 
     Two failures that differ only in a request id, a timestamp, a path or a number get
     the same text, so "same tool, same error, again" is recognizable. ``limit``: the
     characters looked at (signatures need only the head; the loop guards pass None).
+    ``keep_names``: keep quoted values and paths (only numbers, ids and timestamps vary).
     """
     text = message if limit is None else message[:limit]
-    for pattern, repl in _NORMALIZERS:
-        text = pattern.sub(repl, text)
-    return text.strip()
+    if not keep_names:
+        return _normalized(text, _NORMALIZERS)
+    # quoted values kept verbatim (they name what the answer is about), the rest normalized
+    parts, last = [], 0
+    for quoted in _QUOTED.finditer(text):
+        parts += [_normalized(text[last : quoted.start()], _IDENTITY_NORMALIZERS), quoted.group()]
+        last = quoted.end()
+    parts.append(_normalized(text[last:], _IDENTITY_NORMALIZERS))
+    return " ".join(p for p in parts if p)
 
 
 def _with_type(exc_type: str, message: str) -> str:
@@ -848,6 +871,15 @@ def _with_type(exc_type: str, message: str) -> str:
 
 
 _MARKUP_LINE = re.compile(r"^\s*(?:</?[A-Za-z_][\w\-]{0,40}/?>\s*)*$")
+
+
+def _identity(exc_type: str, message: str) -> str:
+    """What makes a failure "the same error again" for the loop guards (see
+    ``ErrorInfo.identity``): the type and the whole message (a long one: its head and tail),
+    lightly normalized. The whole text, not its first and last lines: a test run's output
+    opens and closes alike whichever test failed and why."""
+    text = message if len(message) <= 4000 else f"{message[:2000]}\x00{message[-2000:]}"
+    return f"{exc_type}:{_normalized(text, _IDENTITY_NORMALIZERS)}"
 
 
 def _signature(tool: str | None, exc_type: str, message: str) -> str:
@@ -927,6 +959,7 @@ def _classify(exc: BaseException, tool: str | None, rules: Sequence[Rule], unkno
         signature=_signature(tool, exc_type, message),
         retry_after=retry_after if kind is ErrorType.TRANSIENT else None,
         message=truncate(_with_type(exc_type, message)),
+        identity=_identity(exc_type, message),
         exception_type=exc_type,
         evidence=source,
         throttled=throttled,

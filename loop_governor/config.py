@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -29,9 +30,24 @@ from loop_governor.errors import ErrorFormat
 
 ErrorClass = Literal["transient", "permanent", "fatal"]
 
+# The default ceiling on model calls per task. The longest successful recorded run of our
+# corpora (a coding agent, ../shared/corpus/swe-dev) made 188 model calls; Google ADK's own
+# default is 500 LLM calls. A loop the guards do not recognize costs at most this many.
+MAX_MODEL_CALLS = 500
+
 # A poll is bounded by construction: these apply when ToolPolicy(poll=True) sets no bound.
+# A job of up to an hour fits: polled once a minute it makes 60 calls in 60 minutes. A poll
+# made more often than that reaches the call bound first -- each poll is a model call too;
+# a wait tool between polls (or a larger max_calls) suits a faster cadence.
 POLL_MAX_CALLS = 60
-POLL_MAX_WALL_S = 600.0
+POLL_MAX_WALL_S = 3600.0
+# Tools that only let time pass: repeating them is what they are for (never a loop).
+# Only a name whose verb is the wait (``wait``, ``sleep_seconds``, ``wait_for_job``), not one
+# that acts on a thing (``pause_subscription``, ``delay_shipment``, ``get_flight_delay``).
+WAIT_TOOL = re.compile(
+    r"\A(?:wait|sleep|pause|delay)(?:\Z|[_\-.](?:for|seconds?|secs?|ms|millis|minutes?|mins?|time|a_bit|until|s)\b)",
+    re.I,
+)
 
 
 class _CallOverrides(BaseModel):
@@ -80,7 +96,9 @@ class ToolPolicy(_CallOverrides):
         default=False,
         description="a status poll (read-only): identical calls with identical answers are expected and never "
         f"count as a loop; bounded instead by max_calls (default {POLL_MAX_CALLS}) and max_wall_s (default "
-        f"{POLL_MAX_WALL_S:g} s), counted per polled arguments (one job)",
+        f"{POLL_MAX_WALL_S:g} s) per polled job (its id-like arguments; a changing attempt counter or "
+        "timestamp is the same job): the model is warned near a bound, the poll is withdrawn at it, and "
+        "only a poll of it after that ends the run",
     )
     max_wall_s: float | None = Field(
         default=None,
@@ -145,6 +163,8 @@ class ResolvedPolicy:
         "max_wall",
         "model",
         "poll",
+        "poll_calls",
+        "poll_wall",
         "rate_key",
         "rate_per_s",
         "rated",
@@ -153,6 +173,7 @@ class ResolvedPolicy:
         "token_burst",
         "tokens_per_s",
         "unknown_error",
+        "wait",
     )
 
     def __init__(
@@ -178,9 +199,14 @@ class ResolvedPolicy:
         self.poll: bool = tool is not None and tool.poll
         self.max_calls: int | None = None if tool is None else tool.max_calls
         self.max_wall: float | None = None if tool is None else tool.max_wall_s
+        # a poll's bounds hold per job (loop_governor.polls), not per tool
+        self.poll_calls: int = POLL_MAX_CALLS
+        self.poll_wall: float = POLL_MAX_WALL_S
         if self.poll:
-            self.max_calls = self.max_calls or POLL_MAX_CALLS
-            self.max_wall = self.max_wall or POLL_MAX_WALL_S
+            self.poll_calls, self.poll_wall = self.max_calls or POLL_MAX_CALLS, self.max_wall or POLL_MAX_WALL_S
+            self.max_calls = self.max_wall = None
+        # a tool that only lets time pass (wait, sleep): repeated by design, like a poll
+        self.wait: bool = not model and not self.poll and WAIT_TOOL.search(rate_key) is not None
         self.stateless: bool = tool is not None and tool.stateless
         # a poll reads a status: its success changes nothing (nor may it hide a loop beside it)
         self.read_only: bool = tool is not None and (tool.read_only or tool.poll)
@@ -225,7 +251,12 @@ class GovernorConfig(BaseSettings):
     max_steps: int | None = Field(
         default=None, ge=1, description="agent iterations per task: a model decision and the tool calls it asked for"
     )
-    max_model_calls: int | None = Field(default=None, ge=1, description="model calls per task")
+    max_model_calls: int | None = Field(
+        default=MAX_MODEL_CALLS,
+        ge=1,
+        description=f"model calls per task (default {MAX_MODEL_CALLS}: the run is bounded even where the host's "
+        "own limit is far off, LangGraph's 10,007; no healthy recorded run came near it); None: no ceiling",
+    )
     max_tool_calls: int | None = Field(default=None, ge=1, description="tool calls per task")
     max_tokens: int | None = Field(default=None, ge=1, description="model tokens (in + out) per task")
     max_cost: float | None = Field(default=None, gt=0, description="per task, priced with `prices`")

@@ -166,7 +166,7 @@ class Cycles(Policy):
             tracker = scope.cycles = CycleTracker()
         if tracker.parallel_repeat(call, scope.decision):
             return OK
-        if result is None or call.policy.poll:
+        if result is None or call.policy.poll or call.policy.wait:
             tracker.push_unique(call)  # a poll repeats by design: a step that matches nothing
             return OK
         return tracker.push(call, result, withdraw_at(call.policy.escalation_repeats))
@@ -175,7 +175,7 @@ class Cycles(Policy):
         if call.same_decision:
             return result
         fp = call.fingerprint(result)
-        if fp is None and not call.policy.poll:
+        if fp is None and not (call.policy.poll or call.policy.wait):
             return result
         verdict = self._verdict(call, fp)
         if verdict is OK:

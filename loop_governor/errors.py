@@ -182,6 +182,9 @@ _PLAIN = re.compile(
     r"(?:, (?P<outcome>[^:\n]*))?(?:: (?P<advice>[^\n]*?))?\.?(?:\n|\Z)",
     re.S,
 )
+# ... for one failure: its classification line is the last one (the tool's own message may hold a
+# line that reads like one)
+_PLAIN_LAST = re.compile(_PLAIN.pattern.replace("(?P<message>.*?)", "(?P<message>.*)"), re.S)
 _KIND_TYPES = {"Temporary failure": "transient", "Permanent failure": "permanent", "Fatal": "fatal"}
 
 
@@ -202,7 +205,7 @@ def read_model_text(text: object) -> dict[str, Any] | None:
         error = parsed.get("error") if isinstance(parsed, dict) else None
         if isinstance(error, dict) and error.get("type") in _KIND_TYPES.values():
             return error
-    match = _PLAIN.search(text)
+    match = _PLAIN_LAST.search(text, text.find("Error: ") if "Error: " in text else 0)
     if match is None:
         return None
     fields: dict[str, Any] = {"message": match["message"], "type": _KIND_TYPES[match["kind"]]}

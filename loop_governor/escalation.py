@@ -12,21 +12,20 @@ time ("2 more identical calls withdraw search_docs").
 
 What "the same thing" is, per signal:
 
-* a permanent failure (then its known-bad replays): the identical call;
-* the repeated-error guard's ``LoopDetectedError``: the same error for the same call but
-  for its numbers (the next flight number, another line range); for a transient signature
-  (the service keeps failing), the tool, while it does;
+* a permanent failure (then its known-bad replays): the identical call failing the same
+  way -- also after a success elsewhere: the call then runs for real (the success may have
+  been the fix), but failing the same way again it is the same thing again;
+* the repeated-error guard's ``LoopDetectedError``: the same tool failing the same way about
+  the same entity (:mod:`loop_governor.repeats`); for a transient failure (the service
+  keeps failing), the tool, while it does;
 * an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
   while the tool is refused.
 
-The first two hold only while the world stands still: after a success of a tool that
-may change state (the fix of a precondition) the retried call runs for real
-(:mod:`loop_governor.known_bad`) and the count starts over. Counting a fix that did not
-fix it would stop coding agents that re-run the same failing script after each edit
-(measured on recorded runs); cycles still catch a fix-and-retry pair that repeats with
-the same results.
-The last two are about the tool's availability, not about what the model asked: any
-success of the tool ends them (a later outage is a new one the model is told about).
+A failure that comes back after something that may have fixed it (an edit, a toggle:
+:mod:`loop_governor.fixes`) is iterating, not counted; a failure with another error is
+news, told afresh. The last two signals are about the
+tool's availability, not about what the model asked: any success of the tool ends them,
+and their withdrawal lasts only until the tool may be back.
 Parallel calls of one model turn are one decision: they never count as repeats of each
 other, nor of a warning given in that same turn.
 """
@@ -37,24 +36,18 @@ from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import AgentToolError, CircuitOpenError, ErrorType, FatalError, LoopDetectedError
+from loop_governor.fixes import fixed_since
 from loop_governor.ladder import withdrawn_error
 from loop_governor.progress import withdraws_text
+from loop_governor.repeats import failure_key
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
 
 # what the model was told about -> (a repeat, repeats, the stop's code)
 _SUBJECTS = {
-    "call": (
-        "identical call with nothing fixed in between",
-        "identical calls with nothing fixed in between",
-        "repeated_failure",
-    ),
-    "signature": (
-        "call failing the same way with nothing fixed in between",
-        "calls failing the same way with nothing fixed in between",
-        "repeated_failure",
-    ),
+    "call": ("identical call failing the same way", "identical calls failing the same way", "repeated_failure"),
+    "signature": ("call failing the same way", "calls failing the same way", "repeated_failure"),
     "outage": ("call while it keeps failing", "calls while it keeps failing", "repeated_failure"),
     "breaker": ("call while it is unavailable", "calls while it is unavailable", "repeated_refusal"),
     "rate": ("call while it is rate limited", "calls while it is rate limited", "repeated_refusal"),
@@ -67,7 +60,7 @@ _AVAILABILITY = frozenset({"outage", "breaker", "rate"})
 
 def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] | None:
     """What this outcome is about, and whether it repeats something the model was told
-    (True) or tells it for the first time (False); None when it is no soft signal."""
+    (True) or is a failure of its own (False); None when it is no soft signal."""
     reason = call.stop_reason
     if not call.attempt:  # refused before the call ran
         if reason == "known_bad":
@@ -80,12 +73,18 @@ def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] 
     if isinstance(error, LoopDetectedError):
         if call.info is not None and call.info.error_type is ErrorType.TRANSIENT:
             return ("outage", call.name), False  # the service keeps failing, whatever is asked
-        # the same error for the same call but for a number (the next flight), not any call
-        # of the tool that fails alike: a shell's commands share "Traceback ..." signatures
-        return ("signature", f"{error.info.signature}:{call.args_shape}"), False
+        if ("call", call.key) in call.scope.told:  # type: ignore[union-attr]  # (in a task: checked by the caller)
+            return ("call", call.key), False  # the identical call again: its own count goes on
+        return ("signature", failure_key(call, error)), False
     if error.info.error_type is ErrorType.PERMANENT:
         return ("call", call.key), False
     return None
+
+
+def _identity(call: Call, error: AgentToolError) -> str:
+    """The failure's own error (``ErrorInfo.identity``), or its signature for a replay."""
+    info = call.info
+    return info.identity if info is not None and info.identity else error.info.signature
 
 
 class Escalation(Policy):
@@ -120,38 +119,36 @@ class Escalation(Policy):
         subject = _subject(call, error)
         if subject is None:
             return error
-        kind, about = subject[0]
-        # in this world: after a success that may have changed it (a fix), the retried call
-        # runs for real and its count starts over -- a coding agent re-running the same
-        # failing script after each edit is iterating, not looping (its step budget bounds it)
-        # (a stateless tool's failure depends on its arguments alone: no fix resets it)
-        if kind in ("call", "signature"):  # (an outage's subjects are about the tool, not the call)
-            identical = call.key if call.policy.stateless else f"{call.key}@{scope.world}"
-            if kind == "call" or ("call", identical) in scope.told:
-                kind, about = "call", identical  # the identical call again: its own count goes on
-            else:
-                about = f"{about}@{scope.world}"
-        key, repeat = (kind, about), subject[1]
-        # the ladder: told, answered from memory (or refused) ``escalation_repeats`` more
-        # times, then withdrawn; the next call of it ends the run
+        key, repeat = subject
+        kind = key[0]
+        # the ladder: told, answered from memory (or run again after a fix and failing the
+        # same way) ``escalation_repeats`` more times, then withdrawn; the next call ends the run
         told, limit = scope.told, call.policy.escalation_repeats
-        invocation, decision = call.invocation, scope.decision
+        invocation, decision, step = call.invocation, scope.decision, scope.tool_calls
         seen = told.get(key)
+        identity = _identity(call, error) if kind == "call" and not repeat else None
+        if seen is not None and identity is not None and seen[3] is not None and identity != seen[3]:
+            seen = None  # the identical call failing another way: news, told afresh
         if seen is None and not repeat:
-            told[key] = (0, invocation, decision)  # told now: the text says what a repeat will do
+            told[key] = (0, invocation, decision, identity, step)  # told now: the text says what a repeat does
             if kind in _AVAILABILITY:
                 scope.unavailable.setdefault(call.name, set()).add(key)
             elif kind == "call":
                 scope.told_calls.setdefault(call.name, {})[call.key] = key
             return self._warn(call, error, key, limit)
-        count, last, last_decision = seen or (0, None, None)
+        count, last, last_decision, known, last_step = seen or (0, None, None, identity, step)
         if (invocation is not None and invocation == last) or (decision is not None and decision == last_decision):
             # the same tool call again (a retrying middleware around the governor), or a
             # parallel call of the same model turn: the model did not ask again after
             # being told, nothing to count
             return self._warn(call, error, key, limit - count)
+        if not repeat and kind == "call" and fixed_since(call, last_step):
+            # run again after something that may have fixed it (an edit) and failing the same
+            # way: iterating, not a repeat
+            told[key] = (count, invocation, decision, known, step)
+            return self._warn(call, error, key, limit - count)
         count += 1
-        told[key] = (count, invocation, decision)
+        told[key] = (count, invocation, decision, known, step)
         if count >= limit:
             return self._withdraw(call, error, key, count)
         return self._warn(call, error, key, limit - count)

@@ -20,6 +20,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import xxhash
+
 from loop_governor.classify import normalize_message
 
 # Arguments that walk through a collection: a new value is no progress by itself.
@@ -81,7 +83,7 @@ def _bounded(text: str) -> str:
 class Fingerprint:
     """A result as the loop guards compare it (see the module docstring)."""
 
-    __slots__ = ("_full", "cheap", "size", "text")
+    __slots__ = ("_full", "_named", "cheap", "size", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -90,6 +92,24 @@ class Fingerprint:
         self.cheap = hash(stripped)
         self.size = len(stripped)
         self._full: str | None = None
+        self._named: str | None = None
+
+    @property
+    def named(self) -> str:
+        """Normalized but for names: numbers, ids and timestamps masked, quoted values and
+        paths kept (what a revised question's verdict is compared on: a search echoing its
+        new query gives a new answer, a critic's new score the same verdict)."""
+        if self._named is None:
+            text = self.text
+            if len(text) <= _BOUND:
+                self._named = normalize_message(text, limit=None, keep_names=True)
+            else:
+                half = _BOUND // 2
+                self._named = (
+                    f"{normalize_message(text[:half], limit=None, keep_names=True)}\x00{len(text) // 256}\x00"
+                    f"{normalize_message(text[-half:], limit=None, keep_names=True)}"
+                )
+        return self._named
 
     @property
     def full(self) -> str:
@@ -172,6 +192,411 @@ def args_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[in
         return hash((id(args), id(kwargs))), 0
 
 
+# -- what a call asks about: its entity, and the content it revises ---------------------
+#
+# Two calls of one tool ask the same question when they are about the same *entity* (an
+# order id, a date, a city, a file, a command), whatever *content* they carry (a draft, a
+# query, an amount): a critic handed draft v2 after v1 is asked the same question again,
+# while a lookup of order 1043 after order 1042 is a new one. No schema says which
+# argument is which, so the names and shapes of the arguments decide (see ``_leaf_role``).
+# Hand-written: tool arguments come from every framework and from the model, untyped.
+
+# arguments that carry revisable content: a new value is a revision of the same question
+_CONTENT_NAMES = frozenset(
+    {
+        "draft",
+        "text",
+        "content",
+        "body",
+        "message",
+        "msg",
+        "prompt",
+        "query",
+        "q",
+        "question",
+        "search",
+        "keywords",
+        "terms",
+        "answer",
+        "response",
+        "reply",
+        "summary",
+        "note",
+        "notes",
+        "comment",
+        "comments",
+        "feedback",
+        "critique",
+        "review",
+        "revision",
+        "translation",
+        "essay",
+        "article",
+        "paragraph",
+        "description",
+        "reasoning",
+        "thought",
+        "thoughts",
+        "plan",
+        "instructions",
+        "instruction",
+        "explanation",
+        "reason",
+        "amount",
+        "price",
+        "total",
+        "cost",
+        "quantity",
+        "qty",
+        "expression",
+        "expr",
+        "formula",
+    }
+)
+_CONTENT_SUFFIXES = (
+    "_text",
+    "_draft",
+    "_message",
+    "_body",
+    "_content",
+    "_query",
+    "_prompt",
+    "_summary",
+    "_note",
+    "_comment",
+    "_reason",
+    "_description",
+    "_amount",
+    "_price",
+    "_total",
+)
+# arguments that name the thing asked about (an id, a date, a place, a file; a command or a
+# script is the question itself): another value is another question
+_ENTITY_NAMES = frozenset(
+    {
+        "id",
+        "ids",
+        "uuid",
+        "key",
+        "sku",
+        "name",
+        "names",
+        "email",
+        "phone",
+        "number",
+        "date",
+        "dates",
+        "day",
+        "dob",
+        "path",
+        "paths",
+        "file",
+        "files",
+        "filename",
+        "dir",
+        "directory",
+        "url",
+        "urls",
+        "uri",
+        "link",
+        "symbol",
+        "ticker",
+        "city",
+        "country",
+        "region",
+        "address",
+        "zip",
+        "location",
+        "origin",
+        "destination",
+        "user",
+        "username",
+        "customer",
+        "account",
+        "order",
+        "reservation",
+        "flight",
+        "product",
+        "item",
+        "job",
+        "ticket",
+        "issue",
+        "repo",
+        "branch",
+        "table",
+        "command",
+        "cmd",
+        "script",
+        "code",
+        "sql",
+        "pattern",
+        "regex",
+        "build",
+        "deployment",
+        "workflow",
+        "pipeline",
+        "execution",
+        "operation",
+    }
+)
+_ENTITY_SUFFIXES = (
+    "_id",
+    "id",
+    "_ids",
+    "_key",
+    "_sku",
+    "_name",
+    "_names",
+    "_email",
+    "_number",
+    "_no",
+    "_num",
+    "_date",
+    "_dates",
+    "_day",
+    "_path",
+    "_file",
+    "_url",
+    "_uri",
+    "_code",
+    "_city",
+    "_address",
+    "_command",
+)
+ENTITY, CONTENT, NAMED = 1, 2, 3  # NAMED: an entity by its argument's name (``job_id``), not its shape
+_BARE_ENTITY_CHARS = 64  # a string without whitespace up to this long names a thing
+_NAME_CHARS, _NAME_WORDS = 40, 4  # "New York", "Mia Li": a few words name a thing too
+
+
+def _name_role(name: str) -> int:
+    """The role an argument's name gives its value (0: the name says nothing)."""
+    low = name.lower()
+    if low in WALK_KEYS:
+        return 0
+    if low in _CONTENT_NAMES or low.endswith(_CONTENT_SUFFIXES):
+        return CONTENT
+    if low in _ENTITY_NAMES or low.endswith(_ENTITY_SUFFIXES):
+        return NAMED
+    return 0
+
+
+def _value_role(value: Any) -> int:
+    """The role of a value whose name says nothing: short strings and whole numbers name
+    things (an id, a date, a city, a count of bags: another one is another question), long
+    text is content, as are fractional numbers and flags."""
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) <= _BARE_ENTITY_CHARS and not any(c.isspace() for c in text):
+            return ENTITY
+        if len(text) <= _NAME_CHARS and "\n" not in text and len(text.split()) <= _NAME_WORDS:
+            return ENTITY
+        return CONTENT
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return CONTENT
+    if isinstance(value, int):
+        return ENTITY
+    return CONTENT
+
+
+# a value shaped like an identifier (INV-2024-0001, #W2378156, a date, an email, a uuid) names a
+# thing whatever its argument is called: ``lookup(query="INV-2024-0001")`` asks about an invoice
+_ID_SHAPED = re.compile(
+    r"\A(?:[A-Za-z][A-Za-z0-9]*[-_#]+\d[\w\-#./]*|#[A-Za-z]?\d+|\d{4}-\d{2}-\d{2}[\w:.+\-]*|[^@\s]+@[^@\s]+\.\w+"
+    r"|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\Z",
+    re.I,
+)
+# a timestamp: beside an argument named like an id, one more thing that varies between polls or tries
+_TIMESTAMP = re.compile(r"\A\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}")
+
+
+def _string_role(value: str, role: int) -> int:
+    if role == CONTENT and len(value) <= _BARE_ENTITY_CHARS and _ID_SHAPED.match(value.strip()):
+        return ENTITY
+    return role or _value_role(value)
+
+
+def _subject_leaves(value: Any, role: int, path: str, out: list[tuple[int, str, Any]], depth: int = 0) -> None:
+    kind = type(value)
+    if kind is str:
+        out.append((_string_role(value, role), path, _spaced(value)))
+        return
+    if kind in _SCALARS:
+        out.append((role or _value_role(value), path, value))
+        return
+    if depth > 8:
+        out.append((CONTENT, path, repr(kind)))
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            name = k if type(k) is str else str(k)
+            if name.lower() in WALK_KEYS:
+                continue  # a position in a walk: neither the entity nor a revision
+            _subject_leaves(v, _name_role(name) or role, f"{path}.{name}", out, depth + 1)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _subject_leaves(v, role, f"{path}[{i}]", out, depth + 1)
+        return
+    if isinstance(value, str):
+        out.append((_string_role(value, role), path, _spaced(value)))
+    elif isinstance(value, (int, float)):
+        out.append((role or _value_role(value), path, value))
+    else:
+        out.append((CONTENT, path, repr(value)[:200]))
+
+
+def _digest(parts: tuple[tuple[str, str], ...]) -> int:
+    """A hash that is the same in every process (``hash()`` of a str is not): failure counts
+    keyed on an entity are shared through the store by a fleet."""
+    return xxhash.xxh3_64_intdigest(repr(parts).encode("utf-8", "surrogatepass"))
+
+
+def _leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[int, str, Any]]:
+    """Every argument value as ``(role, path, normalized value)``, walking positions left out.
+
+    Where arguments are named like ids, an unnamed whole number or a timestamp beside them is
+    no entity of its own (``job_id="J-1", attempt=3``): an attempt counter, a retry number, a
+    time of asking vary between tries of the same question."""
+    leaves: list[tuple[int, str, Any]] = []
+    for i, value in enumerate(args):
+        _subject_leaves(value, 0, f"[{i}]", leaves)
+    for name, value in kwargs.items():
+        if name.lower() not in WALK_KEYS:
+            _subject_leaves(value, _name_role(name), name, leaves)
+    if any(role == NAMED for role, _, _ in leaves):
+        leaves = [
+            (CONTENT, p, v)
+            if role == ENTITY and ((type(v) is int) or (isinstance(v, str) and _TIMESTAMP.match(v)))
+            else (role, p, v)
+            for role, p, v in leaves
+        ]
+    return leaves
+
+
+def says_only(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call's arguments are nothing but free text (``think(thought=...)``,
+    ``log_note(note=...)``): it says something, it acts on nothing (see
+    :mod:`loop_governor.fixes`). A call without arguments acts (``press_brake()``)."""
+    leaves = _leaves(args, kwargs)
+    return bool(leaves) and all(role == CONTENT and isinstance(v, str) for role, _, v in leaves)
+
+
+def args_subject(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int]:
+    """``(the entity the call asks about, the content it carries)`` as hashes (walking
+    positions in neither): two calls with the same entity and other content are a revision
+    of one question; with other entities, two questions."""
+    try:
+        leaves = _leaves(args, kwargs)
+        entity = tuple(sorted((p, repr(v)) for role, p, v in leaves if role != CONTENT))
+        content = tuple(sorted((p, repr(v)) for role, p, v in leaves if role == CONTENT))
+        return _digest(entity), _digest(content)
+    except Exception:  # an argument whose repr or hash fails: compare it by identity
+        return hash((id(args), id(kwargs))), 0
+
+
+def args_job(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """The job a poll asks about: its arguments *named* like ids (``job_id``, ``order``), in
+    keywords or in a mapping passed positionally (a LangChain tool call's arguments), as one
+    hash -- an attempt counter or a timestamp beside them is the same job again. A lone
+    positional value shaped like an id names the job too."""
+    try:
+        leaves = _leaves(args, kwargs)
+        named = [(p, repr(v)) for role, p, v in leaves if role == NAMED]
+        if not named:
+            named = [(p, repr(v)) for role, p, v in leaves if role == ENTITY and isinstance(v, str)]
+        return _digest(tuple(sorted(named)))
+    except Exception:
+        return 0
+
+
+def content_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
+    """The revisable text values of the arguments (the content of :func:`args_subject`)."""
+    try:
+        leaves = _leaves(args, kwargs)
+    except Exception:
+        return []
+    return [v for role, _, v in leaves if role == CONTENT and isinstance(v, str) and v]
+
+
+def echoes(result: str, before: str, mine: list[str], theirs: list[str]) -> bool:
+    """Whether two answers differ because each repeats its own question (a search that
+    echoes its query: ``results for q3`` after ``results for q2``): answers about what was
+    asked, not one verdict."""
+    return any(len(m) > 1 and m not in theirs and m in result for m in mine) or any(
+        len(t) > 1 and t not in mine and t in before for t in theirs
+    )
+
+
+# Shell programs that only read: a command made of nothing else changes nothing, so it cannot
+# be the fix of an earlier failure of the same shell tool (an ``echo`` between two failing
+# runs of a script is no edit). Hand-written: no library classifies shell commands this way.
+_READING_PROGRAMS = frozenset(
+    {
+        "cat", "ls", "grep", "egrep", "fgrep", "rg", "find", "head", "tail", "wc", "echo", "printf", "pwd",
+        "nl", "sort", "uniq", "cut", "diff", "which", "file", "stat", "tree", "true", "test", "cd", "date",
+        "whoami", "env", "less", "more", "du", "df", "awk", "sed", "git", "uname", "hostname", "id", "ps",
+        "type", "command", "realpath", "dirname", "basename", "md5sum", "sha256sum", "jq", "xxd", "od", "sleep",
+    }
+)  # fmt: skip
+_READING_PIP = frozenset({"list", "show", "freeze", "check", "--version", "-V"})
+_READING_GIT = frozenset({"status", "diff", "log", "show", "grep", "blame", "branch", "ls-files", "rev-parse"})
+_COMMAND_KEYS = frozenset({"command", "cmd", "script", "shell", "bash", "code"})
+_SEGMENTS = re.compile(r"&&|\|\||[;|\n]")
+_WRITES = re.compile(r"(?<![0-9&])>(?!\s*/dev/null)|\btee\b|(?:^|\s)-i\b|--in-place|-exec\b|-delete\b")
+
+
+def command_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    """The shell command a call runs, when its arguments are one (a ``command`` argument, or
+    a lone positional string): None for other tools (or arguments that cannot be read)."""
+    try:
+        return _command_of(args, kwargs)
+    except Exception:
+        return None
+
+
+def _command_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    for name, value in kwargs.items():
+        if name.lower() in _COMMAND_KEYS and isinstance(value, str):
+            return value
+    if len(args) == 1 and not kwargs:
+        only = args[0]
+        if isinstance(only, str):
+            return only
+        if isinstance(only, Mapping):
+            for name, value in only.items():
+                if isinstance(name, str) and name.lower() in _COMMAND_KEYS and isinstance(value, str):
+                    return value
+    return None
+
+
+def reads_only(command: str) -> bool:
+    """Whether a shell command only reads (``cat f | grep x``, ``sed -n '1,9p' f``, ``git diff``):
+    no redirection into a file, no in-place edit, and every program one that reads."""
+    if _WRITES.search(command):
+        return False
+    for segment in _SEGMENTS.split(command):
+        words = segment.split()
+        if "#" in words:
+            words = words[: words.index("#")]  # a comment
+        while words and "=" in words[0] and not words[0].startswith("="):
+            words = words[1:]  # VAR=value before the program
+        if not words:
+            continue
+        program = words[0].rsplit("/", 1)[-1]
+        if words[1:] in (["--version"], ["-V"], ["version"]):
+            continue  # any program asked for its version
+        if program in ("pip", "pip3") or (program.startswith("python") and words[1:3] == ["-m", "pip"]):
+            rest = words[1:] if program.startswith("pip") else words[3:]
+            if rest and rest[0] in _READING_PIP:
+                continue
+            return False
+        if program not in _READING_PROGRAMS:
+            return False
+        if program == "git" and (len(words) < 2 or words[1] not in _READING_GIT):
+            return False
+    return True
+
+
 def args_text(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
     """The arguments as text, bounded (None: an argument's repr failed)."""
     try:
@@ -196,10 +621,25 @@ _POSITION = re.compile(
 )
 
 
+# a number inside an identifier with separators (INV-2024-0001, SKU-5531, #W2378156) or a
+# date (2024-03-01) names a thing; it never walks, whatever precedes it
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*[-_#]+\d|\d+[-./]\d+[-./]\d+|#\d")
+
+
+def _in_identifier(text: str, start: int, end: int) -> bool:
+    left, right = start, end
+    while left > 0 and (text[left - 1].isalnum() or text[left - 1] in "-_#"):
+        left -= 1
+    while right < len(text) and (text[right].isalnum() or text[right] in "-_#"):
+        right += 1
+    return _IDENTIFIER.search(text, left, right) is not None
+
+
 def walks(before: str, after: str) -> bool:
     """Whether two argument texts that differ only in numbers differ only in numbers
     that walk (a range or a position moves) -- ``sed -n '400,449p' f`` then ``'450,499p'``
-    -- rather than in ones that name another thing (``file2.py``, ``user 17``)."""
+    -- rather than in ones that name another thing (``file2.py``, ``user 17``, an id with
+    separators such as ``INV-2024-0001``, a date)."""
     old, new = list(_NUMBER.finditer(before)), list(_NUMBER.finditer(after))
     if len(old) != len(new):
         return False
@@ -208,6 +648,8 @@ def walks(before: str, after: str) -> bool:
         if a.group() == b.group():
             continue
         moved = True
+        if _in_identifier(after, b.start(), b.end()):
+            return False
         head, tail = after[max(0, b.start() - 16) : b.start()], after[b.end() : b.end() + 4]
         if not (_RANGE_END.search(head) or _RANGE_START.search(tail) or _POSITION.search(head)):
             return False

@@ -37,6 +37,7 @@ from loop_governor.events import Subscriber, call_context
 from loop_governor.known_bad import KnownBad, World
 from loop_governor.ladder import Withdrawn
 from loop_governor.outcome import circuit_open
+from loop_governor.polls import Polls
 from loop_governor.progress import NoProgress
 from loop_governor.ratelimit import RateLimit
 from loop_governor.redaction import mask_url
@@ -164,6 +165,7 @@ class Governor:
                 KnownBad(rt),
                 budget.TaskBudget(rt),
                 budget.TokenBudget(rt),
+                *([Polls(rt)] if any(t.poll for t in rt.config.tools.values()) else []),
                 RepeatedErrors(rt),
                 Escalation(rt),
                 NoProgress(rt),

@@ -75,6 +75,7 @@ class World(Policy):
         scope = call.scope
         if scope is not None and not call.policy.read_only:
             scope.world += 1
+            scope.movers.append((scope.tool_calls, call))  # what may have fixed something (fixes.py)
         return result
 
 

@@ -19,7 +19,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from loop_governor.call import TOOL, Call, Policy, Resumed
-from loop_governor.errors import AgentToolError, ErrorType, GovernedError, NoProgressError, PermanentError
+from loop_governor.errors import (
+    AgentToolError,
+    ErrorType,
+    GovernedError,
+    NoProgressError,
+    PermanentError,
+    TransientError,
+)
 
 _T = TypeVar("_T")
 
@@ -61,11 +68,14 @@ def withdraw(
         rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why, for_s=for_s, message=message)
     listed = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + f" and {names[-1]}"
     verb, them = ("is", "it") if len(names) == 1 else ("are", "them")
-    how_long = "for the rest of this task" if for_s is None else f"for the next {max(1, round(for_s))}s"
-    when = "again" if for_s is None else "again before then"
+    if for_s is None:
+        return (
+            f"{listed} {verb} now withdrawn from your tools for the rest of this task ({why}); use another "
+            f"tool or give your final answer. Calling {them} again ends the task."
+        )
     return (
-        f"{listed} {verb} now withdrawn from your tools {how_long} ({why}); use another tool or "
-        f"give your final answer. Calling {them} {when} ends the task."
+        f"{listed} {verb} now withdrawn from your tools for the next {max(1, round(for_s))}s ({why}); use "
+        f"another tool meanwhile: {them} will be offered again once {verb} may be back."
     )
 
 
@@ -142,8 +152,25 @@ class Withdrawn(Policy):
         entry = scope.withdrawn.get(call.name)
         if entry is None or _lapsed(self.rt, scope, call.name):
             return None
-        code, decision, _ = entry
+        code, decision, until = entry
         call.stop_reason = "withdrawn"
+        if until is not None:
+            # withdrawn while the tool is unavailable (an outage, an open breaker, a rate
+            # limit): a call before it may be back is refused, never a stop -- the service
+            # recovers on its own, and then the tool is offered again
+            wait = max(1, round(until - self.rt.clock()))
+            raise TransientError(
+                GovernedError(
+                    error_type=ErrorType.TRANSIENT,
+                    tool=call.name,
+                    code="withdrawn",
+                    message=f"{call.name} is withdrawn from your tools while it is unavailable",
+                    signature=f"{call.name}:Withdrawn:unavailable",
+                    attempts=0,
+                    retry_after=float(wait),
+                    advice=f"{call.name} will be offered again in about {wait}s; use another tool meanwhile",
+                )
+            )
         if decision is not None and decision == scope.decision:
             # a parallel call of the turn that got the tool withdrawn: the model has not
             # been told yet, so this is no persisting -- refused, not a stop
@@ -159,7 +186,12 @@ class Withdrawn(Policy):
                 )
             )
         self.rt.events.emit("escalation", tool=call.name, subject="withdrawn", action="stop", count=1)
-        message = f"the model called {call.name} after it was withdrawn for repeating calls that did not help ({code})"
+        if code.startswith("poll_"):
+            message = f"the model polled {call.name} again after the poll reached its bound and was withdrawn ({code})"
+        else:
+            message = (
+                f"the model called {call.name} after it was withdrawn for repeating calls that did not help ({code})"
+            )
         if code in _IDENTICAL:
             message += f"; if {call.name} is a status poll, declare it with ToolPolicy(poll=True)"
         raise _stop(scope, call.name, code, message)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
-from loop_governor.fingerprint import Fingerprint, result_text, walks
+from loop_governor.fingerprint import Fingerprint, content_values, echoes, result_text, walks
+from loop_governor.fixes import fixed_since
 from loop_governor.ladder import withdraw, withdraw_at
 
 if TYPE_CHECKING:
@@ -79,6 +80,32 @@ class Verdict:
 OK = Verdict("ok")
 
 
+# An acknowledgement: a short positive answer that the action was done.
+_ACK = re.compile(
+    r"\b(?:success(?:ful(?:ly)?)?|succeeded|ok(?:ay)?|done|saved|sent|logged|recorded|noted|created|"
+    r"updated|submitted|transferred|completed|accepted|scheduled|queued|posted|added|booked|confirmed)\b",
+    re.I,
+)
+_NOT_ACK = re.compile(
+    r"\b(?:not|no|fail\w*|error\w*|invalid|revise\w*|reject\w*|insufficient|again|unable|cannot|can't|"
+    r"missing|wrong|incorrect|denied|refused|declined|still|off|needs?|should|must|lack\w*|unclear|weak|poor|"
+    r"improve\w*|more|better|issues?|problems?|but|however|too|only|score\w*)\b|\d+\s*/\s*\d+|\?",
+    re.I,
+)
+ACK_THRESHOLD = 12
+ACK_CHARS = 80  # longer answers carry more than a confirmation
+
+
+def is_ack(text: str) -> bool:
+    """Whether a result only acknowledges that the action was done ("Transfer successful",
+    "Text appended to report.", "Memory stored."): short, with nothing that judges or
+    objects (a critic's verdict says "not", "revise", "needs", a score)."""
+    text = text.strip()
+    if not text or len(text) > ACK_CHARS or _NOT_ACK.search(text) is not None:
+        return False
+    return _ACK.search(text) is not None or len(text.split()) <= 6
+
+
 _MARKUP = re.compile(r"</?[A-Za-z_][\w\-]{0,40}/?>")
 _NOISE = re.compile(r"[\W_]+")
 
@@ -130,8 +157,12 @@ class ProgressGuard:
         if prev is not None and decision is not None and prev.decision == decision:
             return OK  # a parallel call of the same model turn: one decision, not a repeat
         seen = _Seen(fp, call, decision, world)
-        if prev is None or prev.moved(world) or not seen.repeats(prev):
-            by_tool[tool] = seen  # a new verdict: no streak (triviality doesn't matter yet)
+        relation = None if prev is None else seen.repeats(prev)
+        if prev is None or relation is None or (relation != _WALKED and seen.fixed_since(prev)):
+            # a new verdict (no streak; triviality doesn't matter yet), or the same question
+            # (or a revision of it) again after something that may have fixed its cause: a
+            # re-check after a fix, not a verdict repeating
+            by_tool[tool] = seen
             return OK
         if is_trivial(fp.text, self.trivial_chars):
             # "0" again after "0": an exit code, not a verdict. pop, not del: parallel tool
@@ -139,11 +170,16 @@ class ProgressGuard:
             by_tool.pop(tool, None)
             return OK
         seen.streak = streak = prev.streak + 1
+        # an acknowledgement of revised content ("Transfer successful", "Email sent") is the
+        # action done again, not a verdict the model argues with: it counts only far later
+        # (successful recorded runs repeated one up to 9 times in a row; real loops, 100)
+        seen.acked = prev.acked or (relation == _REVISED and is_ack(fp.text))
+        threshold = ACK_THRESHOLD if seen.acked else self.threshold
         by_tool[tool] = seen
-        if streak < self.threshold:
+        if streak < threshold:
             return OK
         limit = self.then if then is None else then
-        over = streak - self.threshold  # repeats since the warning
+        over = streak - threshold  # repeats since the warning
         if over >= limit:
             return Verdict("stop", "no_progress", streak)
         return Verdict("warn" if over == 0 else "repeat", "no_progress", streak, limit - over)
@@ -152,7 +188,7 @@ class ProgressGuard:
 class _Seen:
     """One tool's latest result, with what is needed to compare the next one to it."""
 
-    __slots__ = ("call", "decision", "fp", "streak", "world")
+    __slots__ = ("acked", "call", "decision", "fp", "step", "streak", "world")
 
     def __init__(
         self, fp: Fingerprint, call: Call | None, decision: int | None, world: tuple[int, int] | None
@@ -161,15 +197,22 @@ class _Seen:
         self.call = call  # its normalized arguments and their text are computed once, when asked
         self.decision = decision
         self.world = world
+        scope = call.scope if call is not None else None
+        self.step: int | None = scope.tool_calls if scope is not None else None
         self.streak = 1
+        self.acked = False  # the streak is one of acknowledgements of revised content
 
-    def moved(self, world: tuple[int, int] | None) -> bool:
-        """Whether the world moved on since this call was made, by something else than its
-        own success (``world``: the next call's world)."""
-        if world is None or self.world is None:
+    def fixed_since(self, prev: _Seen) -> bool:
+        """Whether something that may have fixed the cause succeeded between ``prev`` and this
+        call (:mod:`loop_governor.fixes`); without the calls, whether the world moved on by
+        something else than ``prev``'s own success."""
+        call = self.call
+        if call is not None and call.scope is not None and prev.step is not None:
+            return fixed_since(call, prev.step)
+        if self.world is None or prev.world is None:
             return False
-        then, own = self.world
-        return world[0] - then > own
+        then, own = prev.world
+        return self.world[0] - then > own
 
     def walked_from(self, prev: _Seen) -> bool:
         """Whether the arguments differ from ``prev``'s only in numbers that walk (a line
@@ -178,28 +221,38 @@ class _Seen:
             return False
         return walks(prev.call.args_text, self.call.args_text)
 
-    def repeats(self, prev: _Seen) -> bool:
-        """Whether this result repeats ``prev``'s verdict.
+    def repeats(self, prev: _Seen) -> str | None:
+        """How this result repeats ``prev``'s verdict: ``"same"`` (the same question, the same
+        answer but for numbers, ids and timestamps), ``"revised"`` (a revision of the same
+        question -- another draft for the same critic -- got the same verdict), ``"walked"``
+        (a walk on to the next page got the very same answer), or None (no repeat).
 
-        A different question is progress: calls whose arguments differ in anything but a
-        walking position (page, offset, cursor, a line range) ask about other things -- five
-        cities' weather, alike but for the numbers, is five answers. So the verdict repeats
-        when the same question gets the same answer but for numbers, ids and timestamps (a
-        critic's score moves, its verdict does not), or when a walk to the next page gets
-        the very same answer.
+        A different question is progress: calls about other entities (five cities' weather,
+        ten order ids, alike but for the numbers) are five answers, whatever they say. A
+        critic's score moves, its verdict does not: revisions are compared normalized.
         """
         fp, before = self.fp, prev.fp
         if fp.cheap != before.cheap and (fp.size > 4096 or abs(fp.size - before.size) > max(16, fp.size // 8)):
-            return False  # not the same shape: no normalization can make them equal (most calls)
+            return None  # not the same shape: no normalization can make them equal (most calls)
         if self.call is None or prev.call is None:  # no question given: the answers alone
-            return self.call is None and prev.call is None and fp.same_as(before)
+            return _SAME if self.call is None and prev.call is None and fp.same_as(before) else None
         mine, theirs = self.call.args_signature, prev.call.args_signature
         if mine == theirs:
-            return fp.text == before.text or fp.same_as(before)
-        if fp.text != before.text:
-            return False
-        # the very same answer to a call that only walked on (another page, a later range)
-        return mine[0] == theirs[0] or self.walked_from(prev)
+            return _SAME if fp.text == before.text or fp.same_as(before) else None
+        if mine[0] == theirs[0]:  # the same call but for a walking argument (page, offset, cursor)
+            return _WALKED if fp.text == before.text else None
+        if self.call.subject[0] == prev.call.subject[0]:
+            if fp.text != before.text and fp.named != before.named:
+                return None
+            mine_c = content_values(self.call.args, self.call.kwargs)
+            theirs_c = content_values(prev.call.args, prev.call.kwargs)
+            return None if echoes(fp.text, before.text, mine_c, theirs_c) else _REVISED
+        # other entities: no repeat, unless only numbers that walk moved (a line range through
+        # a file) and the answer is the very same
+        return _WALKED if fp.text == before.text and self.walked_from(prev) else None
+
+
+_SAME, _REVISED, _WALKED = "same", "revised", "walked"
 
 
 class NoProgress(Policy):
@@ -216,8 +269,8 @@ class NoProgress(Policy):
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
         assert scope is not None
-        if call.same_decision or call.policy.poll:
-            return result  # a retrying middleware re-ran the same tool call; a poll repeats by design
+        if call.same_decision or call.policy.poll or call.policy.wait:
+            return result  # a retrying middleware re-ran the same tool call; a poll or a wait repeats by design
         tool = call.name
         verdict = scope.progress.observe(
             tool,

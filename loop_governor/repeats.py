@@ -1,20 +1,96 @@
-"""The repeated-error guard: same name, same error signature, N times in one task.
+"""The repeated-error guard: the same tool failing the same way about the same thing, N times in one task.
 
-A model that reads "404 not found" tends to ask again with a trivially different
-argument; the signature (tool + exception type + normalized message) is the same every
-time. After ``repeated_error_threshold`` such failures the outcome becomes a
-:class:`~loop_governor.errors.LoopDetectedError` telling the model to stop.
+A model that reads "404 not found" or "payment amount does not add up" tends to try again:
+the identical call after a varied ``think``, or the same booking with another amount. So
+failures count for the whole task, whatever succeeds in between: a success elsewhere may
+be the fix of a precondition, and then the retried call runs for real (known-bad memory
+follows the world, :mod:`loop_governor.known_bad`) -- but if it fails the same way again,
+that failure counts. At ``repeated_error_threshold`` (default 3) the outcome becomes a
+:class:`~loop_governor.errors.LoopDetectedError` telling the model to stop, and the
+ladder takes it from there (:mod:`loop_governor.escalation`: withdraw, then stop).
+
+"The same way about the same thing" is
+
+* the same tool;
+* the same *entity* (:attr:`Call.subject <loop_governor.call.Call.subject>`): revised
+  content -- another amount, a rewritten draft -- is the same question again, while
+  another order id, date or file is another question: ten deleted orders are ten 404s,
+  not one repeated ten times. An outage (a transient failure) is about the tool, whatever
+  is asked;
+* the same error (:attr:`ErrorInfo.identity <loop_governor.classify.ErrorInfo.identity>`):
+  numbers, ids and timestamps aside, names and quoted values kept -- a coding agent
+  re-running a script after each ``pip install`` gets another missing module each time:
+  the error changes, and it is iterating, not looping.
+
+Two things are no repeat, measured on recorded runs: parallel calls of one model turn (one
+decision, counted once), and a failure that comes back after something that may have fixed it
+(:mod:`loop_governor.fixes`): an edit, a toggle, a call that *did* something -- a coding agent
+re-running its tests after each edit is iterating. A ``think``, a note or a new search in
+between only said something: the failure counts. Such a failure is not counted, and the count
+it would have added to stays where it was.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import xxhash
+
 from loop_governor.call import Call, Policy
 from loop_governor.errors import AgentToolError, ErrorType, LoopDetectedError
+from loop_governor.fixes import fixed_since
 from loop_governor.runtime import Runtime
 
 
+def failure_key(call: Call, error: AgentToolError) -> str:
+    """What a failure of ``call`` is counted under: tool, entity and error (for an outage, the
+    tool and the error alone), in the current *episode*: a success of the same question (for
+    an outage, of the tool) ends it, and a later failure alike starts a new count."""
+    info = call.info
+    identity = info.identity if info is not None and info.identity else error.info.signature
+    about = _about(call, error.info.error_type is ErrorType.TRANSIENT)
+    scope = call.scope
+    episode = 0
+    if scope is not None:
+        scope.failed_tools.add(call.name)
+        episode = scope.episodes.setdefault(about, 0)
+    digest = xxhash.xxh3_64_hexdigest(f"{about}\x00{episode}\x00{identity}".encode("utf-8", "surrogatepass"))
+    return f"{call.name}:{digest}"
+
+
+def _about(call: Call, outage: bool) -> str:
+    return call.name if outage else f"{call.name}\x00{call.subject[0]}"
+
+
+def end_episodes(call: Call) -> None:
+    """``call`` succeeded: the failures of its question, and an outage of its tool, are over."""
+    scope = call.scope
+    if scope is None or call.name not in scope.failed_tools:
+        return
+    episodes = scope.episodes
+    for about in (call.name, _about(call, False)):
+        if about in episodes:
+            episodes[about] += 1
+
+
+def counts_again(call: Call, key: str) -> bool:
+    """Whether this failure of ``call`` (under ``key``) counts as a repeat: not a parallel
+    call of the turn that already counted it, not a try after something that may have fixed
+    it. Moves the key's last occurrence on."""
+    scope = call.scope
+    assert scope is not None
+    step, decision = scope.tool_calls, scope.decision
+    last = scope.error_turns.get(key)
+    scope.error_turns[key] = (step, decision)
+    if last is None:
+        return True
+    if decision is not None and last[1] == decision:
+        return False  # parallel calls of one model turn are one decision: counted once
+    return not fixed_since(call, last[0])
+
+
 class RepeatedErrors(Policy):
-    """Counts each failure's signature per task and escalates past the threshold."""
+    """Counts each failure per task (tool, entity, error) and escalates past the threshold."""
 
     __slots__ = ("rt", "threshold")
 
@@ -22,19 +98,18 @@ class RepeatedErrors(Policy):
         self.rt = rt
         self.threshold = rt.config.repeated_error_threshold
 
+    def after_success(self, call: Call, result: Any) -> Any:
+        end_episodes(call)
+        return result
+
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         scope, info = call.scope, error.info
         if scope is None or info.error_type is ErrorType.FATAL or not call.attempt:
             return error  # a stop is already the strongest outcome; a replay or a refusal is no new failure
-        decision = scope.decision
-        if decision is not None:
-            # parallel calls of one model turn are one decision: counted once
-            if scope.error_turns.get(info.signature) == decision:
-                return error
-            scope.error_turns[info.signature] = decision
-        # counted in this world: after a success that may have changed state (an edit, a
-        # login) a failure alike is the next try, not the same mistake again
-        count = self.rt.store.signature_hit(scope.task_id, f"{info.signature}@{scope.world}")
+        key = failure_key(call, error)
+        if not counts_again(call, key):
+            return error
+        count = self.rt.store.signature_hit(scope.task_id, key)
         if count < self.threshold:
             return error
         self.rt.events.emit("loop_detected", tool=info.tool, signature=info.signature, count=count)
@@ -44,8 +119,8 @@ class RepeatedErrors(Policy):
                     "error_type": ErrorType.PERMANENT,
                     "retryable": False,
                     "count": count,
-                    "advice": f"{info.tool} failed the same way {count} times with nothing fixed in between; "
-                    "do not repeat it unchanged: fix the cause, change the arguments, or continue without it",
+                    "advice": f"{info.tool} failed the same way {count} times in this task; do not repeat it "
+                    "unchanged or with small changes: fix the cause the message names, or continue without it",
                 }
             )
         )

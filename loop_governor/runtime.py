@@ -40,6 +40,7 @@ class Runtime:
         "sleep",
         "store",
         "tools",
+        "tools_limited",
     )
 
     def __init__(
@@ -63,18 +64,19 @@ class Runtime:
         self.checkpoints = checkpoints
         self.checkpoint_failures = 0
         self.events = Events(clock)
-        # Whether any task budget is set: without one, counting a call is all a budget does.
-        self.limited = any(
+        # Whether any budget a tool call is checked against is set: without one, counting a
+        # tool call is all a budget does (the model-call ceiling is checked on model calls).
+        self.tools_limited = any(
             limit is not None
             for limit in (
                 config.max_steps,
-                config.max_model_calls,
                 config.max_tool_calls,
                 config.max_tokens,
                 config.max_cost,
                 config.max_wall_s,
             )
-        ) or any(p.max_calls is not None or p.max_wall_s is not None or p.poll for p in config.tools.values())
+        ) or any((p.max_calls is not None or p.max_wall_s is not None) and not p.poll for p in config.tools.values())
+        self.limited = self.tools_limited or config.max_model_calls is not None
         # resolved settings per tool and per model endpoint (read on every call)
         self.tools: dict[str, ResolvedPolicy] = {}
         self.models: dict[str, ResolvedPolicy] = {}

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.errors import FatalError
+from loop_governor.fixes import MOVERS_KEPT
 from loop_governor.keys import call_key
 from loop_governor.progress import ProgressGuard
 from loop_governor.redaction import redact
@@ -74,13 +75,17 @@ class TaskScope:
         "checkpoint_lock",
         "cost",
         "cycles",
+        "episodes",
         "error_turns",
+        "failed_tools",
         "first_call_at",
         "governor",
         "known_bad",
         "last_invocation",
         "model_calls",
+        "movers",
         "name",
+        "polls",
         "progress",
         "results",
         "results_saved",
@@ -116,8 +121,17 @@ class TaskScope:
         self.tool_calls = 0
         self.model_calls = 0
         self.calls_by_tool: dict[str, int] = {}  # only tools with their own max_calls
-        self.first_call_at: dict[str, float] = {}  # only tools with their own max_wall_s (polls)
-        self.error_turns: dict[str, int] = {}  # error signature -> the model decision it was last counted in
+        self.first_call_at: dict[str, float] = {}  # only tools with their own max_wall_s
+        self.polls: dict[str, list[Any]] = {}  # a declared poll's job -> [polls, first poll's time, warned]
+        # failure key (repeats.failure_key) -> (the tool call it last came back at, its model decision)
+        self.error_turns: dict[str, tuple[int, int | None]] = {}
+        # repeats.failure_key's episodes: a tool (its outages) or a tool and entity (a question)
+        # -> how many of its failure episodes a success ended; the tools that ever failed
+        self.episodes: dict[str, int] = {}
+        self.failed_tools: set[str] = set()
+        # the latest state-changing successes, (tool call number, call): what may have fixed a
+        # repeat is asked of them only when a repeat comes (loop_governor.fixes)
+        self.movers: deque[tuple[int, Any]] = deque(maxlen=MOVERS_KEPT)
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was
         # (the agent may have fixed the cause: pressed the brake, logged in, edited a file).
@@ -144,8 +158,9 @@ class TaskScope:
         )
         self.cycles: Any = None  # cycles.CycleTracker, made on first use
         # escalation: what the model was told not to repeat -> (repeats since, the last
-        # tool call id counted, the model decision it was told or last counted in)
-        self.told: dict[tuple[str, str], tuple[int, Any, int | None]] = {}
+        # tool call id counted, the model decision it was told or last counted in, the
+        # failure's error for an identical call, the tool call it last came at)
+        self.told: dict[tuple[str, str], tuple[int, Any, int | None, str | None, int]] = {}
         # tool -> its entries of ``told`` about its availability (outage, breaker, rate
         # limit), which its next success ends: found without a scan of ``told``
         self.unavailable: dict[str, set[tuple[str, str]]] = {}

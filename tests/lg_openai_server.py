@@ -150,6 +150,7 @@ class ToolCall:
     name: str
     args: Mapping[str, Any] = field(default_factory=dict)
     id: str | None = None
+    raw_arguments: str | None = None  # sent instead of the JSON of ``args`` (a malformed call on purpose)
 
 
 @dataclass(frozen=True)
@@ -750,7 +751,10 @@ class OpenAIServer:
             {
                 "id": call.id or f"call_{turn}_{i}",
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(dict(call.args))},
+                "function": {
+                    "name": call.name,
+                    "arguments": call.raw_arguments if call.raw_arguments is not None else json.dumps(dict(call.args)),
+                },
             }
             for i, call in enumerate(reply.tool_calls)
         ]

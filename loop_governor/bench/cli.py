@@ -17,19 +17,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from loop_governor.bench.harness import ARMS
+from loop_governor.bench.model_bench import DEFAULT_RUNS as DEFAULT_MODEL_RUNS
+from loop_governor.bench.model_bench import ERROR_FORMAT_CHOICES, Plan, arms_for, parse_tiers, select
 from loop_governor.bench.policy import POLICY_NAMES
 from loop_governor.bench.real_model import (
-    DEFAULT_MAX_MODEL_CALLS,
-    DEFAULT_TASK_SECONDS,
+    DEFAULT_TEMPERATURE,
     PROVIDERS,
     ModelSettings,
     check_endpoint,
-    estimate,
-    iter_specs,
     redact_url,
 )
 from loop_governor.bench.runner import FRAMEWORKS, total_steps
+from loop_governor.bench.tiers import DEFAULT_TIERS
 from loop_governor.cli_common import flag, usage_error
 
 DEFAULT_RUNS = 2
@@ -52,6 +51,125 @@ def _console() -> Console:
     return console
 
 
+def _progress() -> Progress:
+    # on stderr: stdout is muted while crewAI runs (it prints event-bus warnings)
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+    )
+
+
+def _scripted(
+    seed: int,
+    runs: int | None,
+    frameworks: list[str],
+    policies: list[str],
+    names: list[str] | None,
+    calibration: Path | None,
+    json_path: Path,
+    html_path: Path,
+    full: bool,
+) -> None:
+    """The scripted bench: every model policy through every arm."""
+    from loop_governor.bench.policy import load_calibration
+    from loop_governor.bench.report import html_report, print_summary, print_table
+    from loop_governor.bench.runner import run_bench, select_scenarios
+
+    try:
+        picked = select_scenarios(names)
+    except ValueError as exc:
+        usage_error(f"--scenarios: {exc}")
+    try:
+        params = load_calibration(calibration)
+    except (OSError, ValueError) as exc:
+        usage_error(f"--calibration: {exc}")
+    passes = runs if runs is not None else DEFAULT_RUNS
+    console = _console()
+    with _progress() as progress:
+        task = progress.add_task("bench", total=total_steps(passes, frameworks, len(policies), len(picked)))
+        result = run_bench(
+            seed=seed,
+            runs=passes,
+            frameworks=frameworks,
+            policies=policies,
+            calibration=params,
+            progress=lambda label: progress.update(task, advance=1, description=label),
+            scenarios=[s.name for s in picked],
+        )
+    json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    html_path.write_text(html_report(result), encoding="utf-8")
+    if full:
+        print_table(result, console)
+    print_summary(result, console, json_path=json_path, html_path=html_path)
+
+
+def _model_plan(
+    settings: ModelSettings,
+    seed: int,
+    runs: int | None,
+    frameworks: list[str],
+    tier: str | None,
+    names: list[str] | None,
+    error_format: str | None,
+) -> Plan:
+    """What ``--model`` runs; each bad option is named."""
+    try:
+        tiers = parse_tiers(tier)
+    except ValueError as exc:
+        usage_error(f"--tier: {exc}")
+    try:
+        picked = select(tiers, names)
+    except ValueError as exc:
+        usage_error(f"--scenarios: {exc}")
+    formats = ERROR_FORMAT_CHOICES.get(error_format or "text")
+    if formats is None:
+        usage_error(f"--error-format: choose from {', '.join(ERROR_FORMAT_CHOICES)}, got {error_format!r}")
+    try:
+        return Plan(
+            settings,
+            tuple(picked),
+            tuple(arms_for(formats)),
+            tuple(frameworks),
+            runs if runs is not None else DEFAULT_MODEL_RUNS,
+            seed,
+        )
+    except ValueError as exc:
+        usage_error(f"--temperature: {exc}")
+
+
+def _real(plan: Plan, console: Console, json_path: Path, html_path: Path, full: bool) -> None:
+    """A real model through every arm, tier by tier."""
+    from loop_governor.bench.model_bench import run_model_bench
+    from loop_governor.bench.model_report import model_html, print_model_summary, print_model_tables
+
+    settings = plan.settings
+    expected, most = plan.calls()
+    tiers = list({t.number: t for t, _ in plan.chosen}.values())
+    caps = "; ".join(
+        f"tier {t.number}: {plan.tier_settings(t).calls_cap} calls or {plan.tier_settings(t).seconds_cap:g} s a task"
+        for t in tiers
+    )
+    console.print(
+        f"{settings.label} at {redact_url(settings.base_url) or 'the provider default'}: {plan.tasks()} tasks "
+        f"({len(plan.chosen)} scenarios of tier {', '.join(str(t.number) for t in tiers)} x {len(plan.arms)} agents "
+        f"x {len(plan.frameworks)} framework(s) x {plan.runs} run(s), temperature {settings.temperature:g}, "
+        f"a seed per run); about {expected} model calls (what each task needs), at most {most} ({caps})",
+        highlight=False,
+    )
+    with _progress() as progress:
+        task = progress.add_task("bench", total=plan.steps)
+        result = run_model_bench(plan, progress=lambda label: progress.update(task, advance=1, description=label))
+    json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    html_path.write_text(model_html(result), encoding="utf-8")
+    if full:
+        print_model_tables(result, console)
+    print_model_summary(result, console, json_path=json_path, html_path=html_path)
+
+
 def register(app: typer.Typer) -> None:
     bench_app = typer.Typer(
         invoke_without_command=True,
@@ -66,7 +184,11 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="seed of the fault schedule and model latencies")] = 0,
         runs: Annotated[
             int | None,
-            typer.Option(min=1, help=f"passes over the scenarios (default {DEFAULT_RUNS}; 1 with --model)"),
+            typer.Option(
+                min=1,
+                help=f"passes over the scenarios (default {DEFAULT_RUNS}; with --model {DEFAULT_MODEL_RUNS}, "
+                "each sampling the model with its own seed)",
+            ),
         ] = None,
         frameworks: Annotated[str, typer.Option(help="comma-separated: langchain,crewai")] = ",".join(FRAMEWORKS),
         model_policy: Annotated[
@@ -74,13 +196,31 @@ def register(app: typer.Typer) -> None:
         ] = "all",
         scenarios: Annotated[
             str | None,
-            typer.Option(help="comma-separated scenario names (default: all; with --model the tool-fault ones)"),
+            typer.Option(help="comma-separated scenario names (default: all; with --model those of --tier)"),
         ] = None,
         model: Annotated[
             str | None,
             typer.Option(
                 help="a real chat model instead of the scripted policies: PROVIDER:NAME, PROVIDER one of "
                 f"{', '.join(PROVIDERS)} (any OpenAI-compatible endpoint), e.g. ollama:qwen2.5:1.5b"
+            ),
+        ] = None,
+        tier: Annotated[
+            str | None,
+            typer.Option(
+                help="with --model: 1 (one goal, one fault), 2 (multi-step plans), 1,2 or all "
+                f"(default {','.join(map(str, DEFAULT_TIERS))}, what a 1-3B model can finish)"
+            ),
+        ] = None,
+        temperature: Annotated[
+            float | None,
+            typer.Option(help=f"with --model: the sampling temperature (default {DEFAULT_TEMPERATURE:g})"),
+        ] = None,
+        error_format: Annotated[
+            str | None,
+            typer.Option(
+                help="with --model: how the governed agent's model reads a failure: text (the default), json, "
+                "or both (the governed agent runs once with each, side by side)"
             ),
         ] = None,
         base_url: Annotated[
@@ -90,11 +230,18 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="environment variable holding the API key (default: a dummy key)")
         ] = None,
         max_model_calls: Annotated[
-            int, typer.Option(min=1, help="with --model: model calls a task may make before it is stopped")
-        ] = DEFAULT_MAX_MODEL_CALLS,
+            int | None,
+            typer.Option(
+                min=1, help="with --model: model calls a task may make before it is stopped (default: the tier's)"
+            ),
+        ] = None,
         task_seconds: Annotated[
-            float, typer.Option(min=1, help="with --model: real seconds a task may run, from its first model call")
-        ] = DEFAULT_TASK_SECONDS,
+            float | None,
+            typer.Option(
+                min=1,
+                help="with --model: real seconds a task may run, from its first model call (default: the tier's)",
+            ),
+        ] = None,
         calibration: Annotated[
             Path | None, typer.Option(help="calibration JSON for the calibrated policy (default: the shipped one)")
         ] = None,
@@ -110,22 +257,33 @@ def register(app: typer.Typer) -> None:
 
         By default a simulation on virtual time: scripted model policies against seeded
         faults, measuring the system around a model. With --model, a real chat model
-        meets the same simulated services. Prints a summary; the full tables go to the
-        HTML report and the JSON.
+        meets simulated services, tier by tier, over several sampled runs. Prints a
+        summary; the full tables go to the HTML report and the JSON.
         """
         if ctx.invoked_subcommand is not None:
             return
-        from loop_governor.bench.policy import load_calibration
-        from loop_governor.bench.report import html_report, print_summary, print_table
-        from loop_governor.bench.runner import run_bench, select_scenarios
-
         chosen = [f.strip() for f in frameworks.split(",") if f.strip()]
         unknown = [f for f in chosen if f not in FRAMEWORKS]
         if unknown or not chosen:
             usage_error(f"--frameworks: unknown framework(s) {unknown}; choose from {', '.join(FRAMEWORKS)}")
-        policies = _policies(model_policy)
-        settings: ModelSettings | None = None
-        if model is not None:
+        names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else None
+        console = _console()
+        started = time.perf_counter()
+        if model is None:
+            given = {
+                "--base-url": base_url,
+                "--api-key-env": api_key_env,
+                "--tier": tier,
+                "--temperature": temperature,
+                "--error-format": error_format,
+                "--max-model-calls": max_model_calls,
+                "--task-seconds": task_seconds,
+            }
+            needless = [name for name, value in given.items() if value is not None]
+            if needless:
+                usage_error(f"{', '.join(needless)} need(s) --model")
+            _scripted(seed, runs, chosen, _policies(model_policy), names, calibration, json_path, html_path, full)
+        else:
             try:
                 settings = ModelSettings.parse(
                     model,
@@ -133,68 +291,16 @@ def register(app: typer.Typer) -> None:
                     api_key_env=api_key_env,
                     max_model_calls=max_model_calls,
                     task_seconds=task_seconds,
+                    temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
                 )
             except ValueError as exc:
                 usage_error(f"--model: {exc}")
-        elif base_url is not None or api_key_env is not None:
-            usage_error("--base-url and --api-key-env need --model")
-        names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else None
-        try:
-            picked = select_scenarios(names, real=settings is not None)
-        except ValueError as exc:
-            usage_error(f"--scenarios: {exc}")
-        try:
-            params = load_calibration(calibration)
-        except (OSError, ValueError) as exc:
-            usage_error(f"--calibration: {exc}")
-        passes = runs if runs is not None else (1 if settings is not None else DEFAULT_RUNS)
-        console = _console()
-        if settings is not None:
+            plan = _model_plan(settings, seed, runs, chosen, tier, names, error_format)
             try:
                 check_endpoint(settings)
             except ValueError as exc:
                 usage_error(f"--base-url: {exc}")
-            specs = list(iter_specs(picked))
-            expected, most = estimate(specs, len(ARMS), len(chosen), passes, settings)
-            console.print(
-                f"{settings.label} at {redact_url(settings.base_url) or 'the provider default'}: "
-                f"{len(specs) * len(ARMS) * len(chosen) * passes} tasks "
-                f"({len(picked)} scenarios x {len(ARMS)} arms x {len(chosen)} frameworks x {passes} run(s)); "
-                f"about {expected} model calls (one per step and a final answer), at most {most} "
-                f"({settings.max_model_calls} a task; a task stops after {settings.task_seconds:g} s of real time)"
-            )
-        # Progress on stderr: stdout is muted while crewAI runs (it prints event-bus warnings).
-        bar_console = Console(file=sys.stderr)
-        started = time.perf_counter()
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=bar_console,
-            transient=True,
-        ) as progress:
-            total = total_steps(passes, chosen, 1 if settings is not None else len(policies), len(picked))
-            task = progress.add_task("bench", total=total)
-
-            def advance(label: str) -> None:
-                progress.update(task, advance=1, description=label)
-
-            result = run_bench(
-                seed=seed,
-                runs=passes,
-                frameworks=chosen,
-                policies=policies,
-                calibration=params,
-                progress=advance,
-                scenarios=[s.name for s in picked],
-                model=settings,
-            )
-        json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        html_path.write_text(html_report(result), encoding="utf-8")
-        if full:
-            print_table(result, console)
-        print_summary(result, console, json_path=json_path, html_path=html_path)
+            _real(plan, console, json_path, html_path, full)
         console.print(f"[dim]{time.perf_counter() - started:.1f} s of real time[/dim]")
 
     @bench_app.command()
@@ -205,7 +311,9 @@ def register(app: typer.Typer) -> None:
         console = _console()
         console.print(f"[bold]system prompt[/bold]\n{SYSTEM_PROMPT}\n", markup=True, highlight=False)
         for name, item in scenario_prompts().items():
-            console.print(f"[bold]{name}[/bold] ({item['title']}; {item['tasks']} task(s))", highlight=False)
+            console.print(
+                f"[bold]{name}[/bold] (tier {item['tier']}: {item['title']}; {item['tasks']} task(s))", highlight=False
+            )
             console.print(item["prompt"] + "\n", markup=False, highlight=False)
 
     @bench_app.command()

@@ -159,7 +159,7 @@ class ServiceTool(BaseTool):
 def make_tools(spec: TaskSpec, world: World, *, as_failure: bool) -> list[BaseTool]:
     tools: list[BaseTool] = []
     for name, schema in spec.tool_schemas().items():
-        tool = ServiceTool(name=name, description=f"Call the {name} service.", args_schema=schema)
+        tool = ServiceTool(name=name, description=spec.tool_description(name), args_schema=schema)
         tool._world = world
         tool._as_failure = as_failure
         tools.append(tool)

@@ -23,6 +23,7 @@ from loop_governor.bench.world import (
     Scenario,
     SimulatedCrash,
     TaskSpec,
+    identical_repeats,
 )
 from loop_governor.checkpoint import MemoryCheckpointStore
 from loop_governor.config import GovernorConfig
@@ -53,6 +54,7 @@ class TaskOutcome:
     model_wall_s: float = 0.0  # a real model's own latency (real seconds; 0 for a scripted one)
     empty_replies: int = 0  # a real model's replies with neither text nor a tool call
     malformed_replies: int = 0  # ... with a tool call the framework cannot run (bad JSON, unknown tool)
+    identical_repeats: int = 0  # requests re-sending a call whose last answer was a failure (world.identical_repeats)
 
 
 @dataclass
@@ -131,7 +133,7 @@ def _run_task(
         reason = _reason_of(exc)
     delivered: list[str] = []
     if getattr(world.behaviour, "observed", False):
-        delivered = _observed(spec, world, arm, answer is not None, attempt_started)
+        delivered = _observed(spec, world, arm, answer, attempt_started)
     elif answer is not None:
         delivered = delivered_of(answer)
     elif arm == "governed":
@@ -142,7 +144,9 @@ def _run_task(
     missing = [sid for sid in required if sid not in delivered]
     if reason == "ok" and missing:
         reason = "incomplete"
-    calls = sum(1 for r in world.downstream.requests if r.task == spec.task_id)
+    elif reason == "ok" and not spec.answered(answer):
+        reason = "no_answer"
+    requests = [r for r in world.downstream.requests if r.task == spec.task_id]
     model = [r for r in world.provider.requests if r.task == spec.task_id]
     return TaskOutcome(
         task_id=spec.task_id,
@@ -152,7 +156,7 @@ def _run_task(
         failed=reason != "ok",
         reason=reason,
         duration_s=round(clock() - started, 3),
-        tool_calls=calls,
+        tool_calls=len(requests),
         delivered=len(set(delivered)),
         required=len(required),
         restarts=restarts,
@@ -164,23 +168,24 @@ def _run_task(
         model_wall_s=round(sum(r.wall_s for r in model), 3),
         empty_replies=sum(1 for r in model if r.reply == "empty"),
         malformed_replies=sum(1 for r in model if r.reply == "malformed"),
+        identical_repeats=identical_repeats(requests),
     )
 
 
-def _observed(spec: TaskSpec, world: World, arm: str, answered: bool, attempt_started: float) -> list[str]:
+def _observed(spec: TaskSpec, world: World, arm: str, answer: str | None, attempt_started: float) -> list[str]:
     """What a real model's task delivered, read from the services' request log (its answer is
-    prose): the sub-tasks its successful calls did (``TaskSpec.delivered_by``), under the
-    scripted runs' rules -- a run that ended normally has the results of its last attempt
-    (a crashed worker's conversation is gone); one stopped by an error has nothing, except
-    under the governor, whose checkpoint holds every completed call of every attempt."""
-    if arm != "governed" and not answered:
+    prose): the sub-tasks its calls did (``TaskSpec.delivered_from``), under the scripted
+    runs' rules -- a run that ended normally has the results of its last attempt (a crashed
+    worker's conversation is gone); one stopped by an error has nothing, except under the
+    governor, whose checkpoint holds every completed call of every attempt."""
+    if arm != "governed" and answer is None:
         return []
-    calls = [
-        (r.tool, r.args)
+    requests = [
+        r
         for r in world.downstream.requests
-        if r.task == spec.task_id and r.ok and (arm == "governed" or r.start >= attempt_started)
+        if r.task == spec.task_id and (arm == "governed" or r.start >= attempt_started)
     ]
-    return spec.delivered_by(calls)
+    return spec.delivered_from(requests, answer)
 
 
 def run_world(
@@ -197,7 +202,7 @@ def run_world(
     defaults everywhere; ``benchmarks/provider_fault_settings.py`` tries others)."""
     name = f"{scenario.name}-r{run_index}"
     clock = VirtualClock(0.0)
-    downstream = Downstream(clock, seed, name, scenario.faults(), dict(scenario.capacity))
+    downstream = Downstream(clock, seed, name, scenario.faults(), dict(scenario.capacity), answers=scenario.answers())
     provider = Provider(clock, seed, name, scenario.model_fault() if scenario.model_fault is not None else None)
     rng = random.Random(int(unit_hash(seed, name, arm) * 2**32))
     world = World(seed, name, clock, downstream, rng, provider, behaviour, config or GovernorConfig())

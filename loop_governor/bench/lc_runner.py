@@ -152,7 +152,7 @@ def make_tools(spec: TaskSpec, world: World) -> list[BaseTool]:
             StructuredTool.from_function(
                 func=lambda _n=name, **kw: world.downstream.call(_n, kw),
                 name=name,
-                description=f"Call the {name} service.",
+                description=spec.tool_description(name),
                 args_schema=schema,
             )
         )

@@ -6,10 +6,11 @@ the user message, crewAI as the agent's goal and the task's description), the do
 ``loop-governor bench prompts`` prints them.
 
 A scripted model follows its plan without being told; a real one has to be told the plan.
-Each task prompt is the scenario's goal followed by its steps: the tool call each step
-needs, with its exact arguments, and the fallback tool where the plan has one. The prompt
-names no fault and gives no advice on errors: how the model reacts to a failing call is
-what the benchmark measures.
+In tier 2 each task prompt is the scenario's goal followed by its steps: the tool call each
+step needs, with its exact arguments, and the fallback tool where the plan has one. In
+tier 1 it is one request in a user's words (:class:`~loop_governor.bench.tiers.GoalTask`).
+No prompt names the fault or gives advice on errors: how the model reacts to a failing
+call is what the benchmark measures.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loop_governor.bench.world import SCENARIOS, Option, TaskSpec
+from loop_governor.bench.tiers import TIERS, GoalTask
+from loop_governor.bench.world import Option, TaskSpec
 
 SYSTEM_PROMPT = (
     "You are an operations agent. Do the task with the tools provided: call one tool at a time "
@@ -32,7 +34,9 @@ def _call(option: Option) -> str:
 
 
 def task_prompt(spec: TaskSpec) -> str:
-    """The user message of one task: its goal and numbered steps."""
+    """The user message of one task: a one-goal task's request, else its goal and numbered steps."""
+    if isinstance(spec, GoalTask):
+        return spec.prompt
     lines = [spec.goal, "", "Steps:"]
     for n, sub in enumerate(spec.plan, 1):
         first = sub.options[0]
@@ -47,12 +51,13 @@ def task_prompt(spec: TaskSpec) -> str:
 
 
 def scenario_prompts() -> dict[str, dict[str, Any]]:
-    """Every scenario a real model runs (the tool-fault ones): its title and its first
-    task's prompt (the concurrent scenario's tasks differ only in their arguments)."""
+    """Every scenario a real model runs, tier by tier: its tier, title and first task's
+    prompt (the concurrent scenario's tasks differ only in their arguments)."""
     out: dict[str, dict[str, Any]] = {}
-    for scenario in (s for s in SCENARIOS if not s.provider_fault):
+    for scenario in (s for tier in TIERS.values() for s in tier.scenarios):
         specs = scenario.tasks(scenario.name)
         out[scenario.name] = {
+            "tier": next(t.number for t in TIERS.values() if scenario in t.scenarios),
             "title": scenario.title,
             "tasks": len(specs),
             "prompt": task_prompt(specs[0]),

@@ -33,8 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,6 +45,7 @@ DUMMY_API_KEY = "not-needed"  # local servers ignore the key; the SDKs insist on
 DEFAULT_MAX_MODEL_CALLS = 80  # the 30-item batch needs 31 turns, and about 18 more after its crash
 DEFAULT_TASK_SECONDS = 300.0
 DEFAULT_CALL_TIMEOUT_S = 120.0
+DEFAULT_TEMPERATURE = 0.7  # several runs are several samples only if the model samples
 
 LOCAL_BASE_URLS: dict[str, str] = {
     "ollama": "http://127.0.0.1:11434/v1",
@@ -84,16 +84,20 @@ def redact_url(url: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """Which model, where, and the caps that bound a task."""
+    """Which model, where, how it samples, and the caps that bound a task.
+
+    ``max_model_calls`` / ``task_seconds`` left ``None`` take the tier's caps
+    (:meth:`for_tier`); ``seed`` is the sampling seed of one run (:meth:`for_run`).
+    """
 
     provider: str
     name: str
     base_url: str | None = None
     api_key_env: str | None = None
-    max_model_calls: int = DEFAULT_MAX_MODEL_CALLS
-    task_seconds: float = DEFAULT_TASK_SECONDS
-    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
-    temperature: float = 0.0
+    max_model_calls: int | None = None
+    task_seconds: float | None = None
+    temperature: float = DEFAULT_TEMPERATURE
+    seed: int | None = None
 
     @classmethod
     def parse(
@@ -102,8 +106,9 @@ class ModelSettings:
         *,
         base_url: str | None = None,
         api_key_env: str | None = None,
-        max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
-        task_seconds: float = DEFAULT_TASK_SECONDS,
+        max_model_calls: int | None = None,
+        task_seconds: float | None = None,
+        temperature: float = DEFAULT_TEMPERATURE,
     ) -> ModelSettings:
         """``PROVIDER:NAME`` (``openai:gpt-4o-mini``, ``ollama:qwen2.5:1.5b``); errors name the option."""
         provider, sep, name = model.partition(":")
@@ -116,23 +121,48 @@ class ModelSettings:
             raise ValueError(f"--base-url must be an http(s) URL, got {redact_url(base_url)!r}")
         if api_key_env is not None and not os.environ.get(api_key_env):
             raise ValueError(f"--api-key-env: the environment variable {api_key_env} is not set")
-        if max_model_calls < 1:
+        if max_model_calls is not None and max_model_calls < 1:
             raise ValueError("--max-model-calls must be at least 1")
-        if task_seconds <= 0:
+        if task_seconds is not None and task_seconds <= 0:
             raise ValueError("--task-seconds must be positive")
+        if not 0 <= temperature <= 2:
+            raise ValueError(f"--temperature must be between 0 and 2, got {temperature:g}")
         return cls(
             provider,
             name.strip(),
             base_url or LOCAL_BASE_URLS.get(provider),
             api_key_env,
             max_model_calls,
-            float(task_seconds),
-            min(DEFAULT_CALL_TIMEOUT_S, float(task_seconds)),
+            None if task_seconds is None else float(task_seconds),
+            float(temperature),
         )
 
     @property
     def label(self) -> str:
         return f"{self.provider}:{self.name}"
+
+    @property
+    def calls_cap(self) -> int:
+        return self.max_model_calls if self.max_model_calls is not None else DEFAULT_MAX_MODEL_CALLS
+
+    @property
+    def seconds_cap(self) -> float:
+        return self.task_seconds if self.task_seconds is not None else DEFAULT_TASK_SECONDS
+
+    @property
+    def call_timeout_s(self) -> float:
+        return min(DEFAULT_CALL_TIMEOUT_S, self.seconds_cap)
+
+    def for_tier(self, max_model_calls: int, task_seconds: float) -> ModelSettings:
+        """These settings with the tier's caps where none was chosen."""
+        return replace(
+            self,
+            max_model_calls=max_model_calls if self.max_model_calls is None else self.max_model_calls,
+            task_seconds=task_seconds if self.task_seconds is None else self.task_seconds,
+        )
+
+    def for_run(self, seed: int) -> ModelSettings:
+        return replace(self, seed=seed)
 
     def api_key(self) -> str:
         """The key from ``api_key_env``, else a dummy one (local servers need none)."""
@@ -148,8 +178,8 @@ class ModelSettings:
             "name": self.name,
             "endpoint": redact_url(self.base_url) or "the provider's default (api.openai.com)",
             "api_key": f"from ${self.api_key_env}" if self.api_key_env else "none (a dummy key)",
-            "max_model_calls_per_task": self.max_model_calls,
-            "real_seconds_per_task": self.task_seconds,
+            "max_model_calls_per_task": self.max_model_calls if self.max_model_calls is not None else "the tier's",
+            "real_seconds_per_task": self.task_seconds if self.task_seconds is not None else "the tier's",
             "call_timeout_s": self.call_timeout_s,
             "temperature": self.temperature,
             "clients": {
@@ -193,14 +223,14 @@ class Meter:
 
     def on_request(self, request: Any) -> None:
         self.close()  # the previous request got no response (a timeout, a refused connection)
-        if len(self._log()) >= self.settings.max_model_calls:
+        if len(self._log()) >= self.settings.calls_cap:
             raise ModelBudgetExceeded(
-                "model_call_cap", f"{self.task_id}: {self.settings.max_model_calls} model calls, the task's cap"
+                "model_call_cap", f"{self.task_id}: {self.settings.calls_cap} model calls, the task's cap"
             )
-        left = self.settings.task_seconds - (time.monotonic() - self._started())
+        left = self.settings.seconds_cap - (time.monotonic() - self._started())
         if left <= 0:
             raise ModelBudgetExceeded(
-                "model_time_cap", f"{self.task_id}: {self.settings.task_seconds:g} s of real time, the task's cap"
+                "model_time_cap", f"{self.task_id}: {self.settings.seconds_cap:g} s of real time, the task's cap"
             )
         read = min(left, self.settings.call_timeout_s)
         timeout = dict(request.extensions.get("timeout") or {})
@@ -331,6 +361,7 @@ def chat_openai(settings: ModelSettings, client: Any) -> Any:
         http_client=client,
         timeout=settings.call_timeout_s,
         temperature=settings.temperature,
+        seed=settings.seed,
     )
 
 
@@ -361,18 +392,6 @@ def crewai_llm(settings: ModelSettings, meter: Meter) -> Any:
         api_key=settings.api_key(),
         timeout=settings.call_timeout_s,
         temperature=settings.temperature,
+        seed=settings.seed,
         interceptor=MeterInterceptor(),
     )
-
-
-def estimate(specs: list[Any], arms: int, frameworks: int, runs: int, settings: ModelSettings) -> tuple[int, int]:
-    """(expected, most) model calls: one per step and a final answer for every task, and
-    every task at its cap."""
-    per_pass = sum(len(s.plan) + 1 for s in specs)
-    tasks = len(specs) * arms * frameworks * runs
-    return per_pass * arms * frameworks * runs, tasks * settings.max_model_calls
-
-
-def iter_specs(scenarios: list[Any]) -> Iterator[Any]:
-    for scenario in scenarios:
-        yield from scenario.tasks(scenario.name)

@@ -161,25 +161,19 @@ _SUMMARY: tuple[tuple[str, str, Any], ...] = (
     ("failed\ntasks", "failed_tasks", None),
     ("results kept\nwhen failed", "subtasks_delivered_on_failure", lambda v: f"{v:.1f}"),
 )
-_REAL_SUMMARY: tuple[tuple[str, str, Any], ...] = (
-    ("model s/call\n(real)", "model_wall_s_per_call", lambda v: f"{v:.1f}"),
-    ("empty/malformed\nreplies", "empty_replies", None),
-)
 
 
 def print_summary(result: dict[str, Any], console: Console, *, json_path: Any, html_path: Any) -> None:
-    """The short account ``loop-governor bench`` prints: per model (policy), each arm's
-    headline figures over every scenario run, and where the full tables are."""
-    real = "model" in result
-    model = f"{result['model']['model']}, " if real else ""
+    """The short account ``loop-governor bench`` prints: per model policy, each arm's
+    headline figures over every scenario run, and where the full tables are (a real
+    model's: :mod:`loop_governor.bench.model_report`)."""
     table = Table(
-        title=f"loop-governor bench: {model}{len(result.get('scenarios') or ())} scenarios, "
+        title=f"loop-governor bench: {len(result.get('scenarios') or ())} scenarios, "
         f"{' + '.join(result['frameworks'])}, {result['runs']} run(s)",
     )
-    if not real:
-        table.add_column("model policy", no_wrap=True)
+    table.add_column("model policy", no_wrap=True)
     table.add_column("agent", no_wrap=True)
-    rows = _SUMMARY + (_REAL_SUMMARY if real else ())
+    rows = _SUMMARY
     for label, _, _ in rows:
         table.add_column(label, justify="right", no_wrap=True)
     policies = result["model_policies"]
@@ -188,19 +182,15 @@ def print_summary(result: dict[str, Any], console: Console, *, json_path: Any, h
         for arm in ARMS:
             cells = []
             for _, key, fmt in rows:
-                if key == "empty_replies":
-                    cells.append(f"{arms[arm]['empty_replies']} / {arms[arm]['malformed_replies']}")
-                elif arm == "governed":
+                if arm == "governed":
                     cells.append(_governed_cell(arms, key, fmt))
                 else:
                     cells.append(_cell(arms[arm], key, fmt))
-            first = [] if real else [name if arm == ARMS[0] else ""]
-            table.add_row(*first, _ARM_LABEL[arm], *cells)
+            table.add_row(name if arm == ARMS[0] else "", _ARM_LABEL[arm], *cells)
         table.add_section()
     console.print(table)
     console.print(result["note"], highlight=False)
-    if not real:
-        console.print(_POLICY_LEGEND, highlight=False)
+    console.print(_POLICY_LEGEND, highlight=False)
     console.print(
         "Green/red: loop-governor did better/worse than the better of the other two agents.",
         highlight=False,
@@ -271,8 +261,6 @@ _SUMMARY_EXPLAINED = {
     "model_calls_per_task": "requests that reached the model provider, per task (retries included)",
     "failed_tasks": "tasks that did not deliver every required sub-result, of all tasks run",
     "subtasks_delivered_on_failure": "sub-results a failed task still delivered, on average",
-    "model_wall_s_per_call": "real seconds per model call (the only figure not on virtual time)",
-    "empty_replies": "model replies that were empty / malformed (no text, no valid tool call)",
 }
 
 
@@ -440,7 +428,7 @@ def html_report(result: dict[str, Any]) -> str:
         "svg{display:block;margin:1em 0}pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}"
         "p.cols{font-size:13px;color:#555}</style></head><body>"
         f"<h1>loop-governor bench</h1><p><strong>{html.escape(result['note'])}</strong></p>"
-        f"<p>{html.escape(_model_line(result))}random seed {result['seed']}, {result['runs']} run(s), "
+        f"<p>random seed {result['seed']}, {result['runs']} run(s), "
         f"frameworks: {html.escape(', '.join(frameworks))}, scenarios: "
         f"{html.escape(', '.join(result.get('scenarios') or []))}</p>"
         + _policy_html(result)
@@ -465,42 +453,29 @@ def html_report(result: dict[str, Any]) -> str:
     )
 
 
-def _model_line(result: dict[str, Any]) -> str:
-    model = result.get("model")
-    return f"model {model['model']} at {model['endpoint']}; " if model else ""
-
-
 def _policy_html(result: dict[str, Any]) -> str:
-    """The summary table: per model (policy) and arm, over every scenario run."""
-    real = "model" in result
-    rows = _SUMMARY + (_REAL_SUMMARY if real else ())
+    """The summary table: per model policy and arm, over every scenario run."""
+    rows = _SUMMARY
     head = "".join(f"<th>{html.escape(label.replace(chr(10), ' '))}</th>" for label, _, _ in rows)
     body = ""
     for name in result.get("model_policies_run", []):
         arms = result["model_policies"][name]
         for arm in ARMS:
-            cells = []
-            for _, key, fmt in rows:
-                if key == "empty_replies":
-                    cells.append(f"{arms[arm]['empty_replies']} / {arms[arm]['malformed_replies']}")
-                else:
-                    cells.append(_cell(arms[arm], key, fmt))
+            cells = [_cell(arms[arm], key, fmt) for _, key, fmt in rows]
             body += (
                 f"<tr><td>{html.escape(name)}</td><td>{html.escape(_ARM_LABEL[arm])}</td>"
                 + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
                 + "</tr>"
             )
-    first = "model" if real else "model policy"
     explained = [
-        (first, "the real model run" if real else "the scripted model's behaviour (see below)"),
+        ("model policy", "the scripted model's behaviour (see below)"),
         ("agent", "; ".join(f"{_ARM_LABEL[arm]}: {_ARMS_EXPLAINED[arm]}" for arm in ARMS)),
         *((label.replace("\n", " "), _SUMMARY_EXPLAINED[key]) for label, key, _ in rows),
     ]
     return (
-        f"<h2>Summary: every scenario run</h2><table><tr><th>{first}</th>"
-        f"<th>agent</th>{head}</tr>{body}</table>"
+        f"<h2>Summary: every scenario run</h2><table><tr><th>model policy</th><th>agent</th>{head}</tr>{body}</table>"
         + _columns(explained)
-        + ("" if real else f'<p class="cols">{html.escape(_POLICY_LEGEND)}</p>')
+        + f'<p class="cols">{html.escape(_POLICY_LEGEND)}</p>'
     )
 
 

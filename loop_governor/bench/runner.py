@@ -24,7 +24,6 @@ from typing import Any
 from loop_governor.bench import policy, provider, world
 from loop_governor.bench.harness import ARMS, Runner, TaskOutcome, run_world
 from loop_governor.bench.jitter import jitter_ablation
-from loop_governor.bench.real_model import ModelSettings, RealModel
 from loop_governor.bench.world import SCENARIO_BY_NAME, SCENARIOS, Scenario
 
 FRAMEWORKS: tuple[str, ...] = ("langchain", "crewai")
@@ -32,10 +31,6 @@ FRAMEWORKS: tuple[str, ...] = ("langchain", "crewai")
 NOTE = (
     "Simulation: a scripted model policy on virtual time against seeded faults. It measures "
     "the system around a model (retries, error handling, budgets, resume), not a real model."
-)
-REAL_MODEL_NOTE = (
-    "A real model ({model}) against the simulated services: their faults run on virtual time, the "
-    "model's own latency is real and reported apart. Few runs: read the figures as a sample, not a rate."
 )
 
 # Seed 004, 20 controlled runs, ungoverned vs governed (the published column).
@@ -232,16 +227,14 @@ def _policy_summary(
     outcomes: dict[str, dict[str, list[TaskOutcome]]],
     frameworks: Sequence[str],
     scenarios: Sequence[Scenario] = SCENARIOS,
-    real: bool = False,
 ) -> dict[str, Any]:
     """Per arm over every scenario, per framework, per scenario (one model policy's outcomes),
     and where the governed arm is not the best."""
-    out: dict[str, Any] = {arm: summarize([o for f in frameworks for o in outcomes[f][arm]], real=real) for arm in ARMS}
-    out["per_framework"] = {f: {arm: summarize(outcomes[f][arm], real=real) for arm in ARMS} for f in frameworks}
+    out: dict[str, Any] = {arm: summarize([o for f in frameworks for o in outcomes[f][arm]]) for arm in ARMS}
+    out["per_framework"] = {f: {arm: summarize(outcomes[f][arm]) for arm in ARMS} for f in frameworks}
     out["per_scenario"] = {
         s.name: {
-            arm: summarize([o for f in frameworks for o in outcomes[f][arm] if o.scenario == s.name], real=real)
-            for arm in ARMS
+            arm: summarize([o for f in frameworks for o in outcomes[f][arm] if o.scenario == s.name]) for arm in ARMS
         }
         for s in scenarios
     }
@@ -250,9 +243,7 @@ def _policy_summary(
     def of_fault(fault: str, chosen: Sequence[str]) -> dict[str, Any]:
         wanted = fault == "provider"
         return {
-            arm: summarize(
-                [o for f in chosen for o in outcomes[f][arm] if (o.scenario in provider) == wanted], real=real
-            )
+            arm: summarize([o for f in chosen for o in outcomes[f][arm] if (o.scenario in provider) == wanted])
             for arm in ARMS
         }
 
@@ -298,19 +289,13 @@ def run_bench(
     calibration: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     scenarios: Sequence[str] | None = None,
-    model: ModelSettings | None = None,
 ) -> dict[str, Any]:
-    """Run everything; returns the JSON-ready result (deterministic for a given seed, with
-    the scripted policies). ``scenarios``: a subset by name (default: all; with ``model``,
-    the tool-fault ones). ``model``: a real model instead of the policies
-    (:mod:`loop_governor.bench.real_model`)."""
+    """Run everything; returns the JSON-ready result (deterministic for a given seed).
+    ``scenarios``: a subset by name (default: all). A real model runs through
+    :mod:`loop_governor.bench.model_bench` instead."""
     calibration = calibration if calibration is not None else policy.load_calibration()
-    chosen = select_scenarios(scenarios, real=model is not None)
-    behaviours: list[policy.Behaviour]
-    if model is not None:
-        behaviours = [RealModel(model)]
-    else:
-        behaviours = [policy.make_behaviour(name, calibration) for name in dict.fromkeys(policies)]
+    chosen = select_scenarios(scenarios)
+    behaviours = [policy.make_behaviour(name, calibration) for name in dict.fromkeys(policies)]
     outcomes: dict[str, dict[str, dict[str, list[TaskOutcome]]]] = {
         b.name: {f: {a: [] for a in ARMS} for f in frameworks} for b in behaviours
     }
@@ -332,14 +317,13 @@ def run_bench(
                             )
                             if progress is not None:
                                 progress(f"{framework} {behaviour.name} {arm} {scenario.name} run {run_index + 1}")
-    real = model is not None
     headline = behaviours[0].name
     seed_incidents = {s.name for s in chosen if not s.provider_fault}
     table = {
         f: {a: [o for o in outcomes[headline][f][a] if o.scenario in seed_incidents] for a in ARMS} for f in frameworks
     }
     result: dict[str, Any] = {
-        "note": REAL_MODEL_NOTE.format(model=model.label) if model is not None else NOTE,
+        "note": NOTE,
         "seed": seed,
         "runs": runs,
         "frameworks": list(frameworks),
@@ -347,54 +331,33 @@ def run_bench(
         "model_policies_run": [b.name for b in behaviours],
         "headline_policy": headline,
     }
-    if model is not None:
-        result["model"] = model.describe()
     for arm in ARMS:
-        result[arm] = summarize([o for f in frameworks for o in table[f][arm]], real=real)
-    result["per_framework"] = {f: {arm: summarize(table[f][arm], real=real) for arm in ARMS} for f in frameworks}
+        result[arm] = summarize([o for f in frameworks for o in table[f][arm]])
+    result["per_framework"] = {f: {arm: summarize(table[f][arm]) for arm in ARMS} for f in frameworks}
     result["per_scenario"] = {
-        s.name: {
-            arm: summarize([o for f in frameworks for o in table[f][arm] if o.scenario == s.name], real=real)
-            for arm in ARMS
-        }
+        s.name: {arm: summarize([o for f in frameworks for o in table[f][arm] if o.scenario == s.name]) for arm in ARMS}
         for s in chosen
         if s.name in seed_incidents
     }
-    result["model_policies"] = {b.name: _policy_summary(outcomes[b.name], frameworks, chosen, real) for b in behaviours}
-    # the ablation is a property of the governor's backoff, not of a model: scripted runs only
-    result["jitter_ablation"] = jitter_ablation(seed) if model is None else None
+    result["model_policies"] = {b.name: _policy_summary(outcomes[b.name], frameworks, chosen) for b in behaviours}
+    result["jitter_ablation"] = jitter_ablation(seed)
     result["seed_published"] = SEED_PUBLISHED
     result["metric_definitions"] = METRIC_DEFINITIONS
     result["settings"] = settings(calibration)
-    if model is not None:
-        result["settings"]["model_policy"] = {
-            "real_model": model.label,
-            "virtual_time_per_model_turn_s": result["settings"]["model_policy"]["model_turn_s"],
-            "prompts": "loop_governor/bench/prompts.py (loop-governor bench prompts)",
-            "scored_by": "successful service calls with the prompt's arguments (TaskSpec.delivered_by)",
-        }
     result["tasks"] = [
         asdict(o) for b in behaviours for f in frameworks for arm in ARMS for o in outcomes[b.name][f][arm]
     ]
     return result
 
 
-def select_scenarios(names: Sequence[str] | None, *, real: bool = False) -> list[Scenario]:
-    """The scenarios to run, in the benchmark's order. The provider-fault scenarios simulate
-    the model provider itself, so they are not run against a real endpoint."""
+def select_scenarios(names: Sequence[str] | None) -> list[Scenario]:
+    """The scenarios to run, in the benchmark's order (a real model's: ``model_bench.select``)."""
     if not names:
-        return [s for s in SCENARIOS if not (real and s.provider_fault)]
+        return list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIO_BY_NAME]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIO_BY_NAME)}")
-    picked = [s for s in SCENARIOS if s.name in set(names)]
-    simulated = [s.name for s in picked if real and s.provider_fault]
-    if simulated:
-        raise ValueError(
-            f"{', '.join(simulated)}: a provider-fault scenario simulates the model provider; with --model "
-            "the endpoint is real (choose tool-fault scenarios)"
-        )
-    return picked
+    return [s for s in SCENARIOS if s.name in set(names)]
 
 
 def total_steps(

@@ -130,6 +130,27 @@ class TaskSpec:
                     tool_fields[key] = (type(value), ...)
         return {name: create_model(f"{name}_args", **spec) for name, spec in fields.items()}
 
+    def answered(self, answer: str | None) -> bool:
+        """Whether the run's final ``answer`` finishes the task once its sub-tasks are done
+        (a plan's steps are the work; a one-goal task also needs its answer)."""
+        return True
+
+    def tool_description(self, tool: str) -> str:
+        """What the model is told a tool does."""
+        return f"Call the {tool} service."
+
+    @property
+    def expected_model_calls(self) -> int:
+        """Model calls a model that follows the plan needs: one per step and a final answer."""
+        return len(self.plan) + 1
+
+    def delivered_from(self, requests: list[Request], answer: str | None) -> list[str]:
+        """The sub-tasks a real model's work delivered, from the services' log of its
+        ``requests`` and its final ``answer`` (``None``: the run was stopped): those its
+        successful calls deliver (:meth:`delivered_by`). One-goal tasks score otherwise
+        (:class:`loop_governor.bench.tiers.GoalTask`)."""
+        return self.delivered_by([(r.tool, r.args) for r in requests if r.ok])
+
     def delivered_by(self, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """The sub-tasks that successful ``calls`` (tool, arguments) deliver, in plan order.
 
@@ -165,6 +186,11 @@ class TaskSpec:
 Fault = Callable[["Downstream", str, dict[str, Any], float], BaseException | None]
 """(world, tool, args, seconds since the world started) -> the failure to raise, or None."""
 
+Answerer = Callable[["Downstream", str, dict[str, Any], float], str]
+"""(world, tool, args, seconds since the world started) -> what a successful call returns,
+for a service whose answer means something (a critic's verdict, a job's progress) instead
+of the ``RESULT ...`` line."""
+
 
 @dataclass
 class Request:
@@ -191,6 +217,7 @@ class Downstream:
     crashed: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
     error_latency_s: float = TOOL_LATENCY_S  # how long a failing request takes to come back
+    answers: dict[str, Answerer] = field(default_factory=dict)  # services with an answer of their own
 
     def call(self, tool: str, kwargs: dict[str, Any]) -> str:
         kwargs = canonical(kwargs)
@@ -213,6 +240,9 @@ class Downstream:
                 self.requests.append(Request(CURRENT_TASK.get(), tool, start, self.clock(), fault is None, kwargs))
         if fault is not None:
             raise fault
+        answer = self.answers.get(tool)
+        if answer is not None:
+            return answer(self, tool, kwargs, start - self.started_at)
         arg_text = ",".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
         return f"{RESULT_PREFIX}{tool}({arg_text}) ok"
 
@@ -253,6 +283,22 @@ def retries_of(requests: list[Request]) -> list[Request]:
             out.append(r)
         last_ok[key] = r.ok
     return out
+
+
+def identical_repeats(requests: list[Request]) -> int:
+    """Requests that re-send, exactly (same tool, same arguments as the service read them),
+    a call of the same task whose last answer was a failure, whoever re-sent it: the
+    model, a framework's retry or the governor's (a retry after a fix of its cause too:
+    the request is the same). Asking again for a call that last succeeded is not a
+    repeat of a failure (a poll)."""
+    last_ok: dict[tuple[str, str, str], bool] = {}
+    count = 0
+    for r in sorted(requests, key=lambda r: (r.start, r.end)):
+        key = (r.task, r.tool, repr(sorted(r.args.items())))
+        if last_ok.get(key) is False:
+            count += 1
+        last_ok[key] = r.ok
+    return count
 
 
 def peak_retry_rate(requests: list[Request], window_s: float = 1.0) -> int:
@@ -354,6 +400,8 @@ class Scenario:
     capacity: dict[str, int] = field(default_factory=dict)
     model_fault: Callable[[], ModelFault] | None = None
     """Faults of the model call itself (the provider); ``None``: the provider is healthy."""
+    answers: Callable[[], dict[str, Answerer]] = dict
+    """Services whose successful answer is their own text (see :data:`Answerer`)."""
 
     @property
     def provider_fault(self) -> bool:

@@ -206,6 +206,8 @@ def test_spliced_patterns_are_what_their_names_say(kind: str) -> None:
         "page_walk_x10": 10,
         "near_failure_x10": 10,
         "edit_check_x10": 20,
+        "think_failure_x10": 20,
+        "critic_revised_x10": 10,
     }
     assert set(lengths) == {*lr.PATTERNS, *lr.EXTRA_PATTERNS}
     for pattern, n in lengths.items():
@@ -214,6 +216,14 @@ def test_spliced_patterns_are_what_their_names_say(kind: str) -> None:
         keys = [(s.tool, json.dumps(s.args, sort_keys=True), s.result) for s in steps]
         if pattern == "failure_x10":
             assert len(set(keys)) == 1 and steps[0].failure == "error"
+        if pattern == "think_failure_x10":
+            # the identical failing call every other step, a call that differs each time between
+            assert len(set(keys[::2])) == 1 and steps[0].failure == "error"
+            assert len(set(keys[1::2])) == 10 and all(s.failure is None for s in steps[1::2])
+        if pattern == "critic_revised_x10":
+            # a new draft every time, a verdict that differs only in a score or a timestamp
+            assert len({k[1] for k in keys}) == 10
+            assert len({re.sub(r"\d+", "#", s.result) for s in steps}) == 1
         if pattern in ("ab_x10", "abc_x10"):
             width = 2 if pattern == "ab_x10" else 3
             assert len(set(keys[:width])) == width and keys == keys[:width] * 10

@@ -1,5 +1,6 @@
-"""``loop-governor bench --model``: a real model client against the local OpenAI-compatible
-test server (127.0.0.1, scripted replies, empty and malformed ones among them).
+"""``loop-governor bench --model``, tier 2 (the multi-step plans): a real model client
+against the local OpenAI-compatible test server (127.0.0.1, scripted replies, empty and
+malformed ones among them). Tier 1 is ``test_model_tiers.py``.
 
 What a user relies on: every arm of every framework runs every chosen scenario to an
 outcome whatever the model replies, each task ends within its caps, the JSON names the
@@ -21,9 +22,11 @@ from lg_openai_server import OpenAIServer, RecordedRequest, Reply, Slow, ToolCal
 from typer.testing import CliRunner
 
 from loop_governor.bench.harness import ARMS
+from loop_governor.bench.model_bench import Plan, arms_for, run_model_bench, select
 from loop_governor.bench.prompts import SYSTEM_PROMPT, scenario_prompts, task_prompt
-from loop_governor.bench.real_model import ModelSettings, estimate, redact_url
-from loop_governor.bench.runner import run_bench, select_scenarios
+from loop_governor.bench.real_model import ModelSettings, redact_url
+from loop_governor.bench.runner import select_scenarios
+from loop_governor.bench.tiers import TIERS
 from loop_governor.bench.world import SCENARIO_BY_NAME
 from loop_governor.cli import app
 
@@ -31,6 +34,14 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "real-model-bench.md"
 CALL = re.compile(r"(\w+)\((.*?)\)")
 ARG = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|-?\d+)')
 OUTCOMES = {"ok", "incomplete", "model_call_cap", "model_time_cap", "deadline"}
+
+
+def _bench(
+    settings: ModelSettings, scenarios: list[str], frameworks: tuple[str, ...] = ("langchain", "crewai")
+) -> dict[str, Any]:
+    """One run of tier-2 ``scenarios`` through every arm."""
+    plan = Plan(settings, tuple(select((2,), scenarios)), tuple(arms_for()), frameworks, runs=1)
+    return run_model_bench(plan)
 
 
 def _steps(request: RecordedRequest) -> list[tuple[str, dict[str, Any]]]:
@@ -77,7 +88,7 @@ def real_run() -> Iterator[tuple[dict[str, Any], OpenAIServer]]:
     """Both frameworks, every arm, two scenarios, one run (about 10 s)."""
     with OpenAIServer(_naive_model) as srv, deny_remote_connections() as attempts:
         settings = ModelSettings.parse("openai:lg-test-model", base_url=srv.url, max_model_calls=CAP, task_seconds=60)
-        result = run_bench(runs=1, scenarios=["missing_document", "invalid_arguments"], model=settings)
+        result = _bench(settings, ["missing_document", "invalid_arguments"])
         assert not srv.errors and not attempts
         yield result, srv
 
@@ -109,7 +120,7 @@ def test_empty_and_malformed_replies_are_counted_model_turns(real_result: dict[s
     lc = [t for t in bad if t["framework"] == "langchain"]
     # LangChain's agent ends on a reply without tool calls: exactly three turns
     assert all(t["model_calls"] == 3 and t["reason"] == "incomplete" for t in lc), lc
-    per_arm = real_result["model_policies"]["openai:lg-test-model"]
+    per_arm = real_result["tiers"]["2"]["arms"]
     for arm in ARMS:
         assert per_arm[arm]["empty_replies"] >= 2 and per_arm[arm]["malformed_replies"] >= 2
 
@@ -130,14 +141,23 @@ def test_the_json_names_the_model_and_has_per_arm_figures(real_run: tuple[dict[s
     assert model["model"] == "openai:lg-test-model" and model["name"] == "lg-test-model"
     assert model["endpoint"] == server.url
     assert model["api_key"] == "none (a dummy key)"
-    assert real_result["model_policies_run"] == ["openai:lg-test-model"]
+    assert real_result["tiers_run"] == [2] and real_result["arms"] == list(ARMS)
     assert real_result["scenarios"] == ["missing_document", "invalid_arguments"]
-    per_model = real_result["model_policies"]["openai:lg-test-model"]
-    for arms in (per_model, *per_model["per_framework"].values(), real_result):
+    tier = real_result["tiers"]["2"]
+    assert tier["caps"] == {"max_model_calls": CAP, "task_seconds": 60}
+    for part in (tier, *tier["per_framework"].values(), *tier["per_scenario"].values()):
+        assert part["verdict"]["kind"] in ("too_weak", "differ", "no_difference")
         for arm in ARMS:
-            figures = arms[arm]
+            figures = part["arms"][arm]
             assert figures["tasks"] > 0
-            for key in ("tool_calls_per_task", "model_calls_per_task", "failure_rate", "model_wall_s_per_call"):
+            for key in (
+                "success_ci95",
+                "tool_calls_per_task",
+                "model_calls_per_task",
+                "identical_repeats_per_task",
+                "subtasks_delivered_on_failure",
+                "model_wall_s_per_call",
+            ):
                 assert key in figures
             assert figures["model_calls_per_task"] > 0
     # the requests really went to the endpoint, with the scenario's prompt and the dummy key
@@ -147,13 +167,12 @@ def test_the_json_names_the_model_and_has_per_arm_figures(real_run: tuple[dict[s
     assert all(r.tools for r in requests)  # tool calls in the structured form only, in both frameworks
     first = requests[0]
     assert first.messages[0]["content"] == SYSTEM_PROMPT or SYSTEM_PROMPT in json.dumps(first.messages)
-    assert real_result["jitter_ablation"] is None
 
 
 def test_a_slow_model_is_stopped_by_the_time_cap(no_network: list[str]) -> None:
     with OpenAIServer(lambda request: Slow(1.5, then=Reply(text="late"))) as server:
         settings = ModelSettings.parse("openai:slow", base_url=server.url, max_model_calls=10, task_seconds=0.5)
-        result = run_bench(runs=1, frameworks=["langchain"], scenarios=["missing_document"], model=settings)
+        result = _bench(settings, ["missing_document"], ("langchain",))
     for t in result["tasks"]:
         assert t["reason"] == "model_time_cap", t
         assert t["model_calls"] >= 1 and t["failed_model_calls"] == t["model_calls"]  # no response: failed calls
@@ -178,10 +197,14 @@ def test_cli_runs_a_model_and_keeps_credentials_out(
             "LG_BENCH_TEST_KEY",
             "--frameworks",
             "langchain",
+            "--tier",
+            "2",
             "--scenarios",
             "invalid_arguments",
             "--max-model-calls",
             "4",
+            "--runs",
+            "1",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -190,7 +213,7 @@ def test_cli_runs_a_model_and_keeps_credentials_out(
     assert "about 12 model calls" in said and "at most 12" in said
     assert "openai:lg-test-model" in said
     data = json.loads((tmp_path / "loop-governor-bench.json").read_text())
-    assert data["runs"] == 1  # small by default with --model
+    assert data["runs"] == 1 and data["tiers_run"] == [2]
     assert data["model"]["endpoint"] == redact_url(url) and "hunter2" not in data["model"]["endpoint"]
     assert data["model"]["api_key"] == "from $LG_BENCH_TEST_KEY"
     everything = result.output + json.dumps(data) + (tmp_path / "loop-governor-bench.html").read_text()
@@ -249,12 +272,21 @@ def test_work_is_scored_from_successful_calls() -> None:
 
 
 def test_estimate_and_scenario_choice() -> None:
-    chosen = select_scenarios(None, real=True)
-    assert chosen and not any(s.provider_fault for s in chosen)
-    assert len(select_scenarios(None)) == len(SCENARIO_BY_NAME)
-    specs = SCENARIO_BY_NAME["missing_document"].tasks("w")
+    # tier 2 is every tool-fault scenario; the provider-fault ones are the endpoint's to have
+    tier_2 = [s for _, s in select((2,), None)]
+    assert tier_2 and not any(s.provider_fault for s in tier_2)
+    assert len(tier_2) + 3 == len(select_scenarios(None)) == len(SCENARIO_BY_NAME)
+    assert [s for _, s in select(None, None)] == list(TIERS[1].scenarios)  # the default: tier 1
+    assert [s.name for _, s in select(None, ["missing_document", "engine_needs_brake"])] == [
+        "engine_needs_brake",
+        "missing_document",
+    ]
     settings = ModelSettings.parse("openai:x", max_model_calls=7)
-    assert estimate(specs, 3, 2, 1, settings) == (4 * 6, 6 * 7)
+    plan = Plan(settings, tuple(select((2,), ["missing_document"])), tuple(arms_for()), runs=1)
+    # 3 arms x 2 frameworks: one call per step and a final answer (4), or the cap of 7
+    assert plan.calls() == (4 * 6, 6 * 7) and plan.tasks() == 6
+    tier_default = Plan(ModelSettings.parse("openai:x"), tuple(select((1,), None)), tuple(arms_for()), runs=1)
+    assert tier_default.tier_settings(TIERS[1]).calls_cap == TIERS[1].max_model_calls
 
 
 def test_prompts_are_written_once_and_shown_in_the_docs() -> None:

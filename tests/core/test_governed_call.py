@@ -53,8 +53,8 @@ def test_permanent_is_not_retried_and_becomes_known_bad(gov: lg.Governor) -> Non
             update={"advice": None}
         )
         first_advice, second_advice = first.value.info.advice or "", second.value.info.advice or ""
-        assert "2 more identical calls with nothing fixed in between withdraw fetch_doc" in first_advice
-        assert "the next identical call with nothing fixed in between withdraws fetch_doc" in second_advice
+        assert "2 more identical calls failing the same way withdraw fetch_doc" in first_advice
+        assert "the next identical call failing the same way withdraws fetch_doc" in second_advice
         with pytest.raises(lg.PermanentError):
             gov.call("fetch_doc", backend, doc=43)  # other arguments do run
         assert backend.calls == 2
@@ -170,9 +170,9 @@ def test_repeated_error_signature_triggers_loop_detected(gov: lg.Governor) -> No
 
     with gov.task("t"):
         errors = []
-        for text in ("a", "bb", "ccc"):
+        for text in ("a", "bb", "ccc"):  # the text revised, the error the same but for its numbers
             with pytest.raises(lg.PermanentError) as err:
-                gov.call("parse", parse, text)
+                gov.call("parse", parse, text=text)
             errors.append(err.value)
     assert not isinstance(errors[0], lg.LoopDetectedError)
     assert not isinstance(errors[1], lg.LoopDetectedError)

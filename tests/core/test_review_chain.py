@@ -141,7 +141,7 @@ def test_refusals_of_separate_outages_do_not_add_up_to_a_stop(clock: VirtualCloc
             clock.advance(100)
 
 
-def test_refusals_while_still_unavailable_still_end_the_run(clock: VirtualClock) -> None:
+def test_refusals_while_still_unavailable_withdraw_the_tool_until_it_may_be_back(clock: VirtualClock) -> None:
     config = lg.GovernorConfig(breaker_failure_threshold=1, breaker_cooldown_s=30, retry_max_attempts=1)
     gov = lg.Governor(config, clock=clock, sleep=clock.sleep)
     with gov.task("stubborn"):
@@ -152,11 +152,15 @@ def test_refusals_while_still_unavailable_still_end_the_run(clock: VirtualClock)
         gov.call("other", Backend())  # a success of another tool proves nothing about this one
         with pytest.raises(lg.CircuitOpenError):
             gov.call("api", Backend())
-        with pytest.raises(lg.AgentToolError) as withdrawn:  # the ladder: withdrawn before the stop
+        with pytest.raises(lg.AgentToolError) as withdrawn:  # the ladder: withdrawn while unavailable
             gov.call("api", Backend())
         assert "api is now withdrawn" in (withdrawn.value.info.advice or "")
-        with pytest.raises(lg.NoProgressError):
+        with pytest.raises(lg.TransientError) as refused:  # refused meanwhile, never a stop
             gov.call("api", Backend())
+        assert refused.value.info.code == "withdrawn"
+        clock.advance(31)  # the breaker may let a probe through: the tool is offered again
+        assert gov.call("api", Backend()) == "ok"
+        assert "api" not in gov.current_task().withdrawn  # type: ignore[union-attr]
 
 
 class _ContextTooLong(Exception):
@@ -216,13 +220,11 @@ def test_a_flaky_service_that_keeps_recovering_does_not_end_a_long_run(gov: lg.G
     assert "LoopDetectedError" not in outcomes
 
 
-def test_a_service_down_for_good_still_ends_the_run(gov: lg.Governor) -> None:
+def test_a_service_down_for_good_is_withdrawn_and_no_longer_called(gov: lg.Governor) -> None:
     backend = Backend(forever=HTTPError(503))
-    with gov.task("down"), pytest.raises(lg.NoProgressError):
+    with gov.task("down") as scope:
         for q in range(20):
-            try:
+            with pytest.raises(lg.TransientError):
                 gov.call("search", backend, q)
-            except lg.FatalError:
-                raise
-            except lg.AgentToolError:
-                pass
+        assert "search" in scope.withdrawn  # the model is no longer offered it
+    assert backend.calls <= 8  # a down service is not hammered: retries, then the breaker

@@ -134,23 +134,33 @@ def test_lookups_of_many_entities_are_never_warned(clock: VirtualClock) -> None:
 def test_a_declared_poll_repeats_freely_within_its_bounds(clock: VirtualClock) -> None:
     gov = governor(clock, job_status=lg.ToolPolicy(poll=True, max_calls=10, max_wall_s=300))
     with gov.task("t") as scope:
+        seen = []
         for _ in range(10):
-            assert gov.call("job_status", lambda job: "running", "J-1") == "running"  # never annotated
+            seen.append(gov.call("job_status", lambda job: "running", "J-1"))
             clock.advance(5)
+        assert seen[:7] == ["running"] * 7 and seen[8:] == ["running"] * 2  # never a loop
+        assert "at most 2 more polls" in seen[7]  # warned once, at 80 % of the bound
         assert scope.withdrawn == {}
-        with pytest.raises(lg.BudgetExhaustedError) as over:
+        with pytest.raises(lg.PermanentError) as over:  # at the bound: refused and withdrawn
             gov.call("job_status", lambda job: "running", "J-1")
-    assert over.value.info.code == "max_calls"
+        assert over.value.info.code == "poll_max_calls" and "job_status" in scope.withdrawn
+        assert not isinstance(over.value, lg.FatalError)
+        with pytest.raises(lg.NoProgressError) as stop:  # polled anyway: the stop
+            gov.call("job_status", lambda job: "running", "J-1")
+    assert "reached its bound" in stop.value.info.message
 
 
-def test_a_poll_is_bounded_by_wall_time_too(clock: VirtualClock) -> None:
+def test_a_poll_is_bounded_by_wall_time_too_and_suits_an_hour_long_job(clock: VirtualClock) -> None:
     gov = governor(clock, job_status=lg.ToolPolicy(poll=True))
     with gov.task("t"):
-        gov.call("job_status", lambda: "running")
-        clock.advance(601)  # the default bound of a poll: 600 s from its first call
-        with pytest.raises(lg.BudgetExhaustedError) as over:
-            gov.call("job_status", lambda: "running")
-    assert over.value.info.code == "max_wall_s"
+        for minute in range(59):  # a 20-minute job is far inside; an hour's polls once a minute fit
+            text = gov.call("job_status", lambda job, attempt: "running", job="J-7", attempt=minute)
+            assert text == "running" or "remain before job_status is withdrawn" in text
+            clock.advance(60)
+        clock.advance(120)  # past the default bound of 3600 s from the job's first poll
+        with pytest.raises(lg.PermanentError) as over:
+            gov.call("job_status", lambda job, attempt: "running", job="J-7", attempt=99)
+    assert over.value.info.code == "poll_max_wall_s"
 
 
 def test_an_undeclared_poll_is_stopped_and_the_stop_names_the_option(clock: VirtualClock) -> None:
@@ -198,8 +208,8 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
         assert offered(scope, ["fetch_doc", "search"]) == [False, True]
         with pytest.raises(lg.NoProgressError) as persisted:
             gov.call("fetch_doc", backend, 43)  # the model calls it anyway: the run ends
-    assert "2 more identical calls with nothing fixed in between withdraw fetch_doc" in advice[0]
-    assert "the next identical call with nothing fixed in between withdraws fetch_doc" in advice[1]
+    assert "2 more identical calls failing the same way withdraw fetch_doc" in advice[0]
+    assert "the next identical call failing the same way withdraws fetch_doc" in advice[1]
     assert "fetch_doc is now withdrawn" in advice[2] and "Calling it again ends the task" in advice[2]
     assert [(e["tool"], e["code"]) for e in withdrawn] == [("fetch_doc", "repeated_failure")]
     assert persisted.value.partial_results[:1] == ["summary so far"]
@@ -209,10 +219,10 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
 def test_each_fix_lets_the_retry_run_and_a_success_ends_the_count(clock: VirtualClock) -> None:
     gov, car = governor(clock), Car()
     with gov.task("t") as scope:
-        for _ in range(2):  # "fixed" with a tool that changes nothing the engine needs
+        for _ in range(2):  # between the tries only a note: it says something, it fixes nothing
             with pytest.raises(lg.PermanentError):
                 gov.call("start_engine", car.start_engine)
-            gov.call("honk", lambda: "honked")
+            gov.call("log_note", lambda note: "noted", note="tried to start the engine")
         assert car.starts == 2  # each retry after a state-changing success ran for real
         gov.call("press_brake", car.press_brake)
         assert gov.call("start_engine", car.start_engine) == "engine running"
@@ -220,9 +230,10 @@ def test_each_fix_lets_the_retry_run_and_a_success_ends_the_count(clock: Virtual
         for _ in range(2):
             with pytest.raises(lg.PermanentError) as again:
                 gov.call("start_engine", car.start_engine)
-            gov.call("honk", lambda: "honked")
+            gov.call("log_note", lambda note: "noted", note="tried to start the engine")
         advice = again.value.info.advice or ""
-        assert "2 more identical calls with nothing fixed in between withdraw start_engine" in advice
+        # a note is no fix: the second failure alike counts
+        assert "the next identical call failing the same way withdraws start_engine" in advice
         assert scope.withdrawn == {}
 
 
@@ -280,11 +291,11 @@ def test_a_poll_is_bounded_per_job_not_per_task(clock: VirtualClock) -> None:
     with gov.task("t"):
         for job in ("J-1", "J-2", "J-3"):  # 15 polls in the task, 5 per job
             for _ in range(5):
-                assert gov.call("job_status", lambda j: "running", job) == "running"
-            clock.advance(400)  # 1,200 s in all: each job's own 600 s is what bounds it
-        with pytest.raises(lg.BudgetExhaustedError) as over:
-            gov.call("job_status", lambda j: "running", "J-3")
-    assert over.value.info.code == "max_calls" and over.value.info.tool == "job_status"
+                assert gov.call("job_status", lambda job_id: "running", job_id=job).startswith("running")
+            clock.advance(1500)  # 4,500 s in all: each job's own 3,600 s is what bounds it
+        with pytest.raises(lg.PermanentError) as over:
+            gov.call("job_status", lambda job_id: "running", job_id="J-3")
+    assert over.value.info.code == "poll_max_calls" and over.value.info.tool == "job_status"
 
 
 def test_a_model_endpoint_saying_not_authenticated_is_fatal(clock: VirtualClock) -> None:

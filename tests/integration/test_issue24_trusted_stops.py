@@ -1,5 +1,5 @@
-"""Issue 24, end to end: the loop guards never end a healthy agent's everyday work, and still
-end every real loop.
+"""Issues 24 and 39, end to end: the loop guards never end a healthy agent's everyday work,
+and still end every real loop.
 
 Scripted models play each pattern through ``create_agent`` with ``GovernorMiddleware`` (plain
 tools, and tools wrapped with ``govern_tools``) and through a real crew (``install`` +
@@ -14,6 +14,11 @@ governed tools). The tools are small stateful services that count every real exe
   answer, a failing call repeated with nothing in between, a failing call between read-only
   lookups, a login never done, an identical transfer, a poll past its ``max_calls``): the
   run ends with ``lg.FatalError`` within 8 model calls, whatever the model would do next;
+* issue 39: batches over ids with separators, dates and SKUs (one per turn, and ten in one
+  turn), ten deleted orders, an undeclared wait between polls, a declared poll whose
+  arguments carry an attempt counter, a critic that is finally satisfied, all healthy; the
+  critic loop with revised drafts ``v0..vN`` and the same verdict, and the identical failing
+  call alternated with a varied ``think``, a note or a new search, all loops;
 * what the model reads after a failed precondition: the tool's own message first, and any
   "do not repeat" speaks of repeating the call unchanged (issue 24, Build 6).
 
@@ -189,6 +194,40 @@ class World:
         self._count("transfer_to_human_agents")
         return self._ok("transfer_to_human_agents", "Transfer successful")
 
+    # -- issue 39
+    def get_invoice_status(self, invoice_id: str) -> str:
+        self._count("get_invoice_status")
+        if invoice_id.endswith("-deleted"):
+            raise LookupError(f"invoice {invoice_id.removesuffix('-deleted')} not found (404)")
+        return self._ok("get_invoice_status", json.dumps({"status": "paid"}))
+
+    def get_daily_report(self, date: str) -> str:
+        self._count("get_daily_report")
+        return self._ok("get_daily_report", "No incidents reported for this day.")
+
+    def check_stock(self, sku: str) -> str:
+        self._count("check_stock")
+        return self._ok("check_stock", "in stock (warehouse A)")
+
+    def wait(self, seconds: int) -> str:
+        self._count("wait")
+        return self._ok("wait", f"waited {seconds} seconds")
+
+    def think(self, thought: str) -> str:
+        self._count("think")
+        return self._ok("think", "")
+
+    def log_note(self, note: str) -> str:
+        self._count("log_note")
+        return self._ok("log_note", "Note saved.")
+
+    def critic(self, draft: str) -> str:
+        self._count("critic")
+        if "final" in draft:
+            return self._ok("critic", "Approved: ready to send.")
+        n = self.ran["critic"]
+        return self._ok("critic", f"Score {(4, 5, 6)[n % 3]}/10. Not good enough: the tone is off. Revise.")
+
 
 # name -> (description, {argument: (type, default or ...)})
 TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -216,6 +255,13 @@ TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
     "get_faq": ("Read the FAQ on a topic.", {"topic": (str, ...)}),
     "review_draft": ("Ask the critic to review a draft.", {"draft": (str, ...)}),
     "transfer_to_human_agents": ("Hand the user over to a human agent.", {"summary": (str, ...)}),
+    "get_invoice_status": ("Status of an invoice.", {"invoice_id": (str, ...)}),
+    "get_daily_report": ("The incident report of a day.", {"date": (str, ...)}),
+    "check_stock": ("Stock of a product.", {"sku": (str, ...)}),
+    "wait": ("Wait a number of seconds.", {"seconds": (int, ...)}),
+    "think": ("Think out loud.", {"thought": (str, ...)}),
+    "log_note": ("Keep a note.", {"note": (str, ...)}),
+    "critic": ("Ask the critic to judge a draft.", {"draft": (str, ...)}),
 }
 SCHEMAS: dict[str, type[BaseModel]] = {
     name: create_model(f"{name.title().replace('_', '')}Args", **fields) for name, (_, fields) in TOOLS.items()
@@ -292,6 +338,46 @@ HEALTHY: dict[str, Healthy] = {
         must_run={"get_order_status": 1, "return_items": 1},
         last_result={"get_order_details": "#W2378156", "return_items": "return requested"},
     ),
+    "a batch over ids with separators": Healthy(
+        turns=[[("get_invoice_status", {"invoice_id": f"INV-2024-{i:04d}"})] for i in range(1, 31)],
+        must_run={"get_invoice_status": 30},
+        last_result={"get_invoice_status": "paid"},
+    ),
+    "ten id lookups in one turn": Healthy(
+        turns=[[("get_invoice_status", {"invoice_id": f"INV-2024-{i:04d}"}) for i in range(1, 11)]],
+        must_run={"get_invoice_status": 10},
+        last_result={"get_invoice_status": "paid"},
+    ),
+    "a batch over dates": Healthy(
+        turns=[[("get_daily_report", {"date": f"2024-03-{d:02d}"})] for d in range(1, 21)],
+        must_run={"get_daily_report": 20},
+        last_result={"get_daily_report": "No incidents"},
+    ),
+    "a batch over SKUs": Healthy(
+        turns=[[("check_stock", {"sku": f"SKU-{5531 + i}"})] for i in range(15)],
+        must_run={"check_stock": 15},
+        last_result={"check_stock": "in stock"},
+    ),
+    "ten deleted orders": Healthy(
+        turns=[[("get_invoice_status", {"invoice_id": f"INV-2023-{i:04d}-deleted"})] for i in range(10)]
+        + [[("get_invoice_status", {"invoice_id": "INV-2024-0001"})]],
+        must_run={"get_invoice_status": 11},
+        last_result={"get_invoice_status": "paid"},
+    ),
+    "an undeclared wait between polls": Healthy(
+        turns=[[("start_job", {"pipeline": "nightly"})]]
+        + [
+            turn for _ in range(7) for turn in ([("get_job_status", {"job_id": "J-4821"})], [("wait", {"seconds": 13})])
+        ],
+        must_run={"get_job_status": 7, "wait": 7},
+        last_result={"get_job_status": "succeeded"},
+        policies={"get_job_status": {"poll": True}},
+    ),
+    "a critic satisfied at the fourth draft": Healthy(
+        turns=[[("critic", {"draft": f"v{i}"})] for i in range(3)] + [[("critic", {"draft": "v3 final"})]],
+        must_run={"critic": 4},
+        last_result={"critic": "Approved"},
+    ),
     "cursor pagination": Healthy(
         turns=[[("list_orders", {"user_id": "mia_li_3668"})]]
         + [[("list_orders", {"user_id": "mia_li_3668", "cursor": f"cur{i}"})] for i in range(1, 5)],
@@ -337,6 +423,33 @@ LOOPS: dict[str, Loop] = {
     "retry without the login": Loop(turns=[[("get_orders", {"user_id": "mia_li_3668"})]]),
     "the same transfer again and again": Loop(
         turns=[[("transfer_to_human_agents", {"summary": "The user wants a refund for order #W2378156."})]]
+    ),
+    "critic with revised drafts v0..vN and the same verdict": Loop(
+        turns=[[("critic", {"draft": f"v{i}"})] for i in range(ROUNDS)]
+    ),
+    "failing call with a varied think between": Loop(
+        turns=[
+            t
+            for i in range(ROUNDS)
+            for t in (
+                [("fetch_doc", {"doc": "refunds-2019.pdf"})],
+                [("think", {"thought": f"Maybe it exists now ({i})."})],
+            )
+        ]
+    ),
+    "failing call with a note between": Loop(
+        turns=[
+            t
+            for i in range(ROUNDS)
+            for t in ([("fetch_doc", {"doc": "refunds-2019.pdf"})], [("log_note", {"note": f"attempt {i} failed"})])
+        ]
+    ),
+    "failing call with a new search between": Loop(
+        turns=[
+            t
+            for i in range(ROUNDS)
+            for t in ([("fetch_doc", {"doc": "refunds-2019.pdf"})], [("search_kb", {"query": f"refunds 2019 ({i})"})])
+        ]
     ),
     "a poll past its max_calls": Loop(
         turns=[[("get_job_status", {"job_id": "J-4821"})]],

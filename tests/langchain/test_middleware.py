@@ -88,20 +88,19 @@ def test_a_tool_down_for_good_is_cut_off_by_budget_and_breaker(mode: str, lc: An
     backend = lc.Backend([503], forever=True)
     model = lc.ScriptedChatModel(script=lc.call_tool_until("fetch_page", 10, lambda i: {"url": f"https://x/page/{i}"}))
     agent = create_agent(model, [fetch_tool(backend)], middleware=[GovernorMiddleware(governor)])
-    with pytest.raises(lg.NoProgressError) as stopped:
-        run_agent(agent, mode)
+    result = run_agent(agent, mode)
 
+    # a service that is down is not hammered, and its outage never ends the run: the model
+    # is told it is unavailable, then it is withdrawn until it may be back
+    assert result["messages"][-1].content == "done"
     assert len(backend.calls) <= 8
-    # the model was told the tool is unavailable (circuit open) and what a repeat would do;
-    # it kept calling, so the run ended instead of spending the rest of its 10 calls
-    assert stopped.value.info.code == "repeated_refusal"
     errors = errors_in(model.prompts[-1])
     refused = [e for e in errors if "circuit breaker is open" in e["message"]]
     assert refused
     assert refused[0]["outcome"] == "not attempted" and "retryable" not in refused[0]  # no request made
     assert "withdraw fetch_page from your tools" in refused[0]["advice"]  # the ladder's next step
-    assert "fetch_page is now withdrawn" in errors[-1]["advice"]  # then the stop, when called anyway
-    assert len(model.prompts) < 10
+    assert any("fetch_page is now withdrawn" in e["advice"] for e in errors)
+    assert "offered again in about" in errors[-1]["advice"]  # called anyway: refused, not a stop
 
 
 @MODES

@@ -292,7 +292,14 @@ def test_the_cli_prints_the_interval_and_the_verdict(tmp_path: Path, monkeypatch
     assert "model too weak" in said  # the per-scenario table's verdict column
     data = json.loads((tmp_path / "loop-governor-bench.json").read_text())
     assert data["runs"] == 2 and data["tiers"]["1"]["verdict"]["kind"] == "too_weak"
-    assert "too weak" in (tmp_path / "loop-governor-bench.html").read_text()
+    page = (tmp_path / "loop-governor-bench.html").read_text()
+    assert "too weak" in page
+    # every column of the page is explained under its table (issue 35)
+    tables = re.findall(r"<table>(.*?)</table>(<p class=\"cols\">Columns — .*?</p>)?", page, re.S)
+    assert len(tables) >= 2
+    for table, note in tables:
+        for header in re.findall(r"<th>(.*?)</th>", table):
+            assert f"<b>{header}</b>: " in note, header
 
 
 def test_cli_rejects_bad_tier_options() -> None:

@@ -113,6 +113,10 @@ _REFUSED = {
 }
 
 
+# why a call was refused before any attempt, by its stop reason (the flagged refusals above aside)
+_NOT_MADE = {"poll_bound": "its polled job reached its bound", "budget": "the task's retry budget is spent"}
+
+
 def _refusal(tool: str, reason: Any, e: Mapping[str, Any]) -> Line:
     what = _REFUSED.get(str(reason), "refused a call to {tool} without making it ({reason})")
     wait = e.get("retry_after")
@@ -128,6 +132,9 @@ def _tool_failed(e: Mapping[str, Any]) -> Line | None:
     if flag is not None:
         # refused: the call_refused event says so, unless a framework hook refused it
         return _refusal(tool, flag, e) if e.get("blocked_by_hook") else None
+    if e.get("attempts") == 0:  # refused before any attempt (a poll's bound, a budget)
+        why = _NOT_MADE.get(str(e.get("stop_reason")), str(e.get("stop_reason") or "refused"))
+        return WARNING, f"refused a call to {tool} without making it ({why}): {_said(e)}{_told(e)}"
     kind = _kind(e, "http_status", "error_code")
     attempts = e.get("attempts") or 1
     gave_up = _GAVE_UP.get(str(e.get("stop_reason")))
@@ -191,6 +198,14 @@ def _guard(e: Mapping[str, Any]) -> Line | None:
     return INFO, f"{tool}: {what}; the model was told that repeating it withdraws {tool}"
 
 
+def _poll_near(e: Mapping[str, Any]) -> Line:
+    return (
+        INFO,
+        f"{_s(e.get('tool'))}: the job was polled {_s(e.get('calls'))} times over {_secs(e.get('elapsed_s'))}; "
+        "the model was told it nears its bound",
+    )
+
+
 def _withdrawn(e: Mapping[str, Any]) -> Line:
     tool, for_s = _s(e.get("tool")), e.get("for_s")
     why = f"{_s(e.get('code'))}: {_s(e.get('reason'))}"
@@ -244,6 +259,7 @@ MESSAGES: dict[str, tuple[int, Render]] = {
     "breaker_probe_abandoned": (INFO, _probe_abandoned),
     "no_progress": (INFO, _guard),
     "cycle": (INFO, _guard),
+    "poll_near_bound": (INFO, _poll_near),
     "tool_withdrawn": (WARNING, _withdrawn),
     "tool_restored": (INFO, _restored),
     "store_fallback": (WARNING, _store),

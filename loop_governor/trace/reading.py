@@ -18,6 +18,7 @@ FROM_CHECKPOINT = "from_checkpoint"
 REFUSED_BREAKER = "refused_breaker"
 REFUSED_RATE_LIMIT = "refused_rate_limit"
 REFUSED_WITHDRAWN = "refused_withdrawn"
+REFUSED_POLL_BOUND = "refused_poll_bound"
 REFUSED = "refused"
 
 OUTCOMES: dict[str, str] = {
@@ -28,6 +29,7 @@ OUTCOMES: dict[str, str] = {
     REFUSED_BREAKER: "refused, not called: its circuit breaker was open",
     REFUSED_RATE_LIMIT: "refused, not called: over its rate limit",
     REFUSED_WITHDRAWN: "refused, not called: the tool was withdrawn, so the run stopped",
+    REFUSED_POLL_BOUND: "refused, not called: the polled job reached its bound",
     REFUSED: "refused, not called",
 }
 """Each outcome as the report's tool-call table says it."""
@@ -48,6 +50,8 @@ def call_outcome(event: Mapping[str, Any]) -> str:
         return REFUSED_RATE_LIMIT
     if event.get("stop_reason") == "withdrawn":
         return REFUSED_WITHDRAWN
+    if event.get("stop_reason") == "poll_bound":
+        return REFUSED_POLL_BOUND
     if event.get("status") == "ok":
         return OK
     attempts = event.get("attempts")

@@ -136,3 +136,24 @@ def test_a_line_outside_a_task_has_no_task_prefix_and_a_guard_warning_is_a_line(
     assert any(
         t.startswith('task "review": critic: it returned the same result ') and "the model was told" in t for t in texts
     ), texts
+
+
+def test_a_poll_near_and_at_its_bound_is_a_line_each(clock: VirtualClock, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="loop_governor")
+    gov = _gov(clock, tools={"job_status": lg.ToolPolicy(poll=True, max_calls=5)})
+    with gov.task("export"):
+        for _ in range(6):
+            clock.advance(10)
+            try:
+                gov.call("job_status", lambda job_id: "running", "job-42")
+            except lg.AgentToolError:
+                break
+    texts = [text.removeprefix('task "export": ') for _, text in _lines(caplog)]
+    assert any(t.startswith("job_status: the job was polled ") and "nears its bound" in t for t in texts), texts
+    assert any(
+        t.startswith("withdrew job_status from the model for the rest of the task (poll_max_calls") for t in texts
+    )
+    assert any(
+        t.startswith("refused a call to job_status without making it (its polled job reached its bound): the poll of")
+        for t in texts
+    )

@@ -17,7 +17,7 @@ What each hook does and why it lives there (crewAI 1.15 semantics, see INTEGRATI
 * after_tool_call -- swaps that text for the governor's JSON and records the refusal as
   a crewAI ToolFailure (crewAI records none for a blocked call).
 * execution_start / execution_end -- swap each agent's LLM for its governed copy
-  (:func:`crewai_governor.llm.govern_llm`) for the kickoff, and put the originals back
+  ([`crewai_governor.llm.govern_llm`][crewai_governor.llm.govern_llm]) for the kickoff, and put the originals back
   after; and open a governor task per crew or flow kickoff (unless one is open
   already), because known-bad calls, the retry budget, the step
   budget and the repeated-error guard are per governor task; without one every call is
@@ -26,14 +26,15 @@ What each hook does and why it lives there (crewAI 1.15 semantics, see INTEGRATI
   ``flow=<executor>``), so it gets a task too. crewAI dispatches execution_end on the
   failure path too, in the same context as execution_start, so the scope always closes.
 
-Every hook first checks :attr:`GovernorHooks.active`, which :meth:`Installation.uninstall`
+Every hook first checks `GovernorHooks.active`, which
+[`Installation.uninstall`][crewai_governor.hooks.Installation.uninstall]
 clears: crewAI copies the global LLM hooks into each executor it builds, so an executor
 created while the hooks were installed would keep calling them after ``uninstall()``.
 
 Hooks run on crewAI worker threads (parallel native tool calls use a thread pool), so
 shared state here is behind locks. Exceptions other than ``HookAborted`` raised in a hook
 are swallowed by crewAI, so a fatal governor error (e.g. a step budget) is re-raised as
-a ``HookAborted`` stop (:func:`crewai_governor.failures.stop_error`).
+a ``HookAborted`` stop ([`crewai_governor.failures.stop_error`][crewai_governor.failures.stop_error]).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def _untally_poll(context: Any) -> None:
 
 
 class GovernorHooks:
-    """The four hook callables for one governor; register them with :func:`install`.
+    """The four hook callables for one governor; register them with [`install`][crewai_governor.hooks.install].
 
     ``pruner`` is shared by every conversation (fine for a stateless pruner or a crew
     with one agent); ``pruner_factory`` builds one pruner per agent executor, which is
@@ -451,12 +452,12 @@ def _run_name(owner: Any) -> str | None:
 
 
 class Installation:
-    """The hooks of one :func:`install` call; a context manager.
+    """The hooks of one [`install`][crewai_governor.hooks.install] call; a context manager.
 
     Scoped: hooks are registered on ``__enter__`` into a crewAI hook scope (a contextvar
     that crewAI's worker threads inherit) and vanish on ``__exit__``, so two crews in one
     process can run under different governors. Global: hooks are registered at once and
-    removed by :meth:`uninstall` or ``__exit__``.
+    removed by [`uninstall`][crewai_governor.hooks.Installation.uninstall] or ``__exit__``.
     """
 
     def __init__(self, hooks: GovernorHooks, *, scoped: bool, task_id: str | None) -> None:
@@ -511,7 +512,7 @@ class Installation:
 
         crewAI copies the global LLM hooks into each executor it builds, so an executor
         created while installed would keep calling them: the hooks check
-        :attr:`GovernorHooks.active`, cleared here. Scoped hooks vanish with their scope.
+        `GovernorHooks.active`, cleared here. Scoped hooks vanish with their scope.
         """
         self.hooks.active = False
         if self._global:
@@ -541,7 +542,7 @@ def install(
     instead, so budgets and known-bad calls span several kickoffs.
 
     ``govern_llms`` (default): every agent's LLM is swapped for its governed copy for the
-    kickoff (see :func:`crewai_governor.llm.govern_llm`), so each model call is governed;
+    kickoff (see [`crewai_governor.llm.govern_llm`][crewai_governor.llm.govern_llm]), so each model call is governed;
     ``fallback_llms`` answer, in order, while an agent's model is down.
     """
     ensure_fatal_relay()

@@ -1,8 +1,8 @@
 """Governed crewAI memory: a ``StorageBackend`` that keeps failures, secrets and repeats out.
 
 crewAI 1.15's one memory system, ``crewai.memory.unified_memory.Memory``, stores through a
-pluggable :class:`crewai.memory.storage.backend.StorageBackend`. :class:`GovernedStorage`
-wraps any of them (LanceDB, the default, included)::
+pluggable `crewai.memory.storage.backend.StorageBackend`. [`GovernedStorage`][crewai_governor.memory.GovernedStorage]
+wraps any of them (LanceDB, the default, included):
 
     from crewai.memory.unified_memory import Memory
     from crewai_governor import GovernedStorage
@@ -12,7 +12,7 @@ wraps any of them (LanceDB, the default, included)::
 
 or for every ``Memory`` built from a spec string, ``with install(g, memory=True): ...``
 (crewAI's ``set_memory_storage_factory``). What is filtered and why lives in the core,
-:mod:`loop_governor.memory`; this module maps ``MemoryRecord`` onto it.
+[`loop_governor.memory`][loop_governor.memory]; this module maps ``MemoryRecord`` onto it.
 """
 
 from __future__ import annotations
@@ -259,7 +259,8 @@ def builtin_storage(spec: str) -> StorageBackend:
 
 class MemoryFactory:
     """crewAI's process-wide memory storage factory, wrapping each backend in
-    :class:`GovernedStorage` (a factory registered before is asked first and wrapped too).
+    [`GovernedStorage`][crewai_governor.memory.GovernedStorage] (a factory registered before is asked first and wrapped
+    too).
 
     ``activate()`` registers it, ``deactivate()`` restores the previous one. Only ``Memory``
     objects built while it is registered are governed (crewAI asks the factory at
@@ -291,9 +292,9 @@ class MemoryFactory:
 
 
 class MemoryInstallation(Installation):
-    """An :class:`~crewai_governor.hooks.Installation` that registers a
-    :class:`MemoryFactory` for as long as its hooks are active: on ``__enter__`` (scoped)
-    or at once (``scoped=False``), until ``__exit__`` / ``uninstall()``."""
+    """An [`Installation`][crewai_governor.hooks.Installation] that registers a
+    [`MemoryFactory`][crewai_governor.memory.MemoryFactory] for as long as its hooks are active: on ``__enter__``
+    (scoped) or at once (``scoped=False``), until ``__exit__`` / ``uninstall()``."""
 
     memory: MemoryFactory
 

@@ -65,7 +65,8 @@ def carry(exc: BaseException) -> Interrupted:
 
 
 def passthrough(value: Any) -> Any:
-    """Re-raise a control-flow exception that :class:`Interrupted` carried through."""
+    """Re-raise a control-flow exception that [`Interrupted`][langchain_governor._common.Interrupted] carried
+    through."""
     if isinstance(value, Interrupted):
         raise value.exc
     return value
@@ -223,7 +224,8 @@ def tool_message_record(message: Any) -> Any:
 
 
 def tool_message_from_record(value: Any, tool_call_id: str | None) -> Any:
-    """The ToolMessage of :func:`tool_message_record` again, answering ``tool_call_id``."""
+    """The ToolMessage of [`tool_message_record`][langchain_governor._common.tool_message_record] again, answering
+    ``tool_call_id``."""
     if not (isinstance(value, dict) and value.get(_RECORD_MARK)):
         return value
     fields = {k: v for k, v in value.items() if k != _RECORD_MARK and v is not None}

@@ -4,14 +4,14 @@ Without it a ``ValueError`` raised by any tool aborts a ``create_agent`` run (on
 argument-validation errors come back to the model). With it:
 
 * every tool call's *tool* runs governed: the middleware hands the calls below it a
-  governed copy of the tool (:class:`~langchain_governor.tools.GovernedTool`), so the
+  governed copy of the tool ([`GovernedTool`][langchain_governor.tools.GovernedTool]), so the
   governor retries the tool itself, below every other middleware -- a human approval,
   a guard or a result transformer inside runs once per call, and exceptions raised by
   other middlewares are theirs, passed through unclassified. A non-fatal failure is
-  raised as :class:`~langchain_governor.errors.GovernedToolError`, which the ToolNode turns
+  raised as [`GovernedToolError`][langchain_governor.errors.GovernedToolError], which the ToolNode turns
   into ``ToolMessage(status="error")`` holding the governor's JSON and which a
   ``ToolErrorMiddleware``/``ToolRetryMiddleware`` around it can still catch; a
-  :class:`loop_governor.FatalError` propagates and stops the run;
+  [`loop_governor.FatalError`][loop_governor.errors.FatalError] propagates and stops the run;
 * every model call is a governed model call (``governor.call_model``): one iteration of
   the task's budgets, classified failures, retries with backoff and Retry-After, the
   endpoint's breaker and rate limits, ``FatalError`` for credentials/billing/quota, one
@@ -28,7 +28,7 @@ and that changes a tool-less agent's graph; so the tool hooks exist only on the 
 ``GovernorMiddleware(...)`` builds by default, and ``govern_tool_calls=False`` gives a
 chat-only agent (tracing, pruning, step budgets) one without them.
 
-Tools already wrapped with :func:`langchain_governor.govern_tool` are governed by
+Tools already wrapped with [`langchain_governor.govern_tool`][langchain_governor.tools.govern_tool] are governed by
 their wrapper; the middleware only opens the task scope for them (no double retries).
 """
 
@@ -297,7 +297,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
 
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
         """The request's tools less the withdrawn ones (the ladder's step before a stop,
-        :mod:`loop_governor.ladder`); with none left the model can only answer."""
+        [`loop_governor.ladder`][loop_governor.ladder]); with none left the model can only answer."""
         kept = offered_tools(scope, request.tools)
         return request if kept is None else request.override(tools=kept)
 

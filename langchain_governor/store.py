@@ -1,8 +1,8 @@
 """Governed LangGraph long-term memory: a ``BaseStore`` that keeps failures, secrets and repeats out.
 
 ``create_agent(..., store=...)`` hands the store to every node and tool of the graph; what
-an agent writes there is read back in every later thread. :class:`GovernedStore` wraps any
-``langgraph.store.base.BaseStore`` (``InMemoryStore``, ``PostgresStore``, ``SqliteStore``)::
+an agent writes there is read back in every later thread. [`GovernedStore`][langchain_governor.store.GovernedStore]
+wraps any ``langgraph.store.base.BaseStore`` (``InMemoryStore``, ``PostgresStore``, ``SqliteStore``):
 
     from langgraph.store.memory import InMemoryStore
     from langchain_governor import GovernedStore
@@ -11,7 +11,7 @@ an agent writes there is read back in every later thread. :class:`GovernedStore`
 
 Only ``batch``/``abatch`` are implemented: ``BaseStore`` derives ``put``/``get``/
 ``search``/``delete``/``list_namespaces`` and their async twins from them. The decisions
-live in the core (:mod:`loop_governor.memory`); this module maps ``PutOp`` onto them.
+live in the core ([`loop_governor.memory`][loop_governor.memory]); this module maps ``PutOp`` onto them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The governor's event bus: every policy reports through it, the trace subscribes.
 
 One small object instead of a method on the facade, so policies can report without
-importing the :class:`~loop_governor.governor.Governor` (no import circle). Building an
+importing the [`Governor`][loop_governor.governor.Governor] (no import circle). Building an
 event costs a dict; with no subscriber (and the ``loop_governor`` logger off for the
 event), ``emit`` returns before doing even that, and callers check
-:attr:`Events.emitting` before computing expensive fields.
+[`Events.emitting`][loop_governor.events.Events.emitting] before computing expensive fields.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ Subscriber = Callable[[dict[str, Any]], None]
 
 class Events:
     """Subscribers and the one ``emit`` every policy uses. A failing subscriber never
-    breaks the agent: it is counted in :attr:`sink_failures`."""
+    breaks the agent: it is counted in [`sink_failures`][loop_governor.events.Events.sink_failures]."""
 
     __slots__ = ("_clock", "_subscribers", "emitting", "sink_failures")
 
@@ -44,7 +44,7 @@ class Events:
 
     def emit(self, event: str, **fields: Any) -> None:
         """Send one event to the subscribers, and to the ``loop_governor`` logger when it
-        is enabled for the event's level (:mod:`loop_governor.logs`): the logger is not
+        is enabled for the event's level ([`loop_governor.logs`][loop_governor.logs]): the logger is not
         a subscriber, so it never turns the governor's no-listener fast paths off."""
         level = level_of(event)
         if not self.emitting and level is None:

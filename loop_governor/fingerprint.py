@@ -5,10 +5,10 @@ A loop rarely repeats byte for byte: a critic's verdict changes its score ("6/10
 back empty. So the guards compare
 
 * results after the normalization error signatures use (numbers, ids, uuids,
-  timestamps, quoted values, paths: :func:`loop_governor.classify.normalize_message`),
-  computed in two steps because it runs on every governed call: a cheap form first
-  (digits dropped, bounded length: C-speed ``bytes.translate``), and the full
-  normalization only when two results have the same shape but differ in the cheap form;
+  timestamps, quoted values, paths:
+  [`loop_governor.classify.normalize_message`][loop_governor.classify.normalize_message]), computed in two steps because
+  it runs on every governed call: a cheap form first (digits dropped, bounded length: C-speed ``bytes.translate``), and
+  the full normalization only when two results have the same shape but differ in the cheap form;
 * arguments after whitespace and key-order normalization, with arguments that only walk
   through a collection (``page``, ``offset``, ``cursor``...) masked: walking while the
   result stays the same is no progress.
@@ -476,7 +476,7 @@ def _leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[int,
 def says_only(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
     """Whether a call's arguments are nothing but free text (``think(thought=...)``,
     ``log_note(note=...)``): it says something, it acts on nothing (see
-    :mod:`loop_governor.fixes`). A call without arguments acts (``press_brake()``)."""
+    [`loop_governor.fixes`][loop_governor.fixes]). A call without arguments acts (``press_brake()``)."""
     leaves = _leaves(args, kwargs)
     return bool(leaves) and all(role == CONTENT and isinstance(v, str) for role, _, v in leaves)
 
@@ -510,7 +510,8 @@ def args_job(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
 
 
 def content_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
-    """The revisable text values of the arguments (the content of :func:`args_subject`)."""
+    """The revisable text values of the arguments (the content of
+    [`args_subject`][loop_governor.fingerprint.args_subject])."""
     try:
         leaves = _leaves(args, kwargs)
     except Exception:
@@ -606,7 +607,7 @@ def args_text(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
 
 
 def args_shape(text: str) -> int:
-    """The arguments' text (:func:`args_text`) with digits dropped and whitespace
+    """The arguments' text ([`args_text`][loop_governor.fingerprint.args_text]) with digits dropped and whitespace
     collapsed, as one hash."""
     return hash(" ".join(text.split()).encode("utf-8", "surrogatepass").translate(None, _DIGITS))
 

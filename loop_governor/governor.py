@@ -1,9 +1,9 @@
 """The Governor: one object that governs every tool call and model call of an agent.
 
 ``g.call(tool, fn, *args)`` runs ``fn`` and returns its value, or raises a typed
-:class:`~loop_governor.errors.AgentToolError` whose ``.info`` is what the model should
+[`AgentToolError`][loop_governor.errors.AgentToolError] whose ``.info`` is what the model should
 read; ``g.call_model(endpoint, fn, *args)`` does the same for a model call. Both run
-through one chain of policies (:mod:`loop_governor.chain`), composed here once from the
+through one chain of policies ([`loop_governor.chain`][loop_governor.chain]), composed here once from the
 config: resume and known-bad memory, budgets, breaker, rate limits, retries, repeated
 errors, no progress, checkpoints and events -- each a small object in a module named for
 it. This file only composes them and keeps the public surface.
@@ -96,10 +96,10 @@ def _check_callable(name: str, value: object) -> None:
 class Governor:
     """Governs tool and model calls. Thread- and asyncio-safe; one per process is typical.
 
-    ``config`` is a :class:`GovernorConfig` or a mapping of its settings
+    ``config`` is a `GovernorConfig` or a mapping of its settings
     (``Governor({"retry_max_attempts": 2})``); ``None`` reads the environment
     (``LOOP_GOVERNOR_*``) and ``LOOP_GOVERNOR_CONFIG_FILE``. ``lens`` is the trace
-    (:class:`~loop_governor.trace.Lens`) when ``trace_path`` is set, else a falsy object
+    (`Lens`) when ``trace_path`` is set, else a falsy object
     whose ``close()`` and ``flush()`` do nothing."""
 
     def __init__(
@@ -213,7 +213,8 @@ class Governor:
     async def acall(
         self, tool: str, fn: Callable[..., Awaitable[T]] | Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> T:
-        """Async twin of :meth:`call` (same decisions; tenacity's AsyncRetrying sleeps)."""
+        """Async twin of [`call`][loop_governor.governor.Governor.call] (same decisions; tenacity's AsyncRetrying
+        sleeps)."""
         call = Call(TOOL, tool, self.rt.policy(TOOL, tool), _SCOPE.get(), fn, args, kwargs)
         return await self._chain.arun(call)  # type: ignore[no-any-return]
 
@@ -263,7 +264,7 @@ class Governor:
         compact: Callable[..., Any] | None = None,
         fallbacks: Sequence[tuple[str, Callable[..., Any]]] = (),
     ) -> T:
-        """Async twin of :meth:`call_model` (``compact`` may be async)."""
+        """Async twin of [`call_model`][loop_governor.governor.Governor.call_model] (``compact`` may be async)."""
         model, fallbacks = _endpoints(model, fallbacks)
         options = ModelOptions(usage, describe, estimated_tokens, compact, fallbacks)
         call = Call(MODEL, model, self.rt.policy(MODEL, model), _SCOPE.get(), fn, args, {}, options)
@@ -278,7 +279,7 @@ class Governor:
         one that finished starts over (``resume=True``: resume it anyway; ``False``:
         always start over). ``name`` is what log lines and the report call the task
         (default: its id; a generated id is no name, so give one). See
-        :class:`~loop_governor.scope.TaskScope`."""
+        [`TaskScope`][loop_governor.scope.TaskScope]."""
         if resume is not None and not isinstance(resume, bool):
             raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
         if name is not None and not isinstance(name, str):

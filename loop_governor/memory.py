@@ -4,17 +4,18 @@ Long-term memory is where context poisoning lasts longest: a failed tool result,
 error or a secret saved once is read back into every later run, out of the pruner's reach.
 crewAI's ``StorageBackend`` wrapper (``crewai_governor.GovernedStorage``) and LangGraph's
 ``BaseStore`` wrapper (``langchain_governor.GovernedStore``) are thin: each maps its
-framework's records onto :class:`MemoryGuard`, which decides here, with no framework import:
+framework's records onto [`MemoryGuard`][loop_governor.memory.MemoryGuard], which decides here, with no framework
+import:
 
 * **failures stay out**: the governor's error JSON, a raw Python traceback, or a result a
   framework marked failed (``status == "error"``, crewAI's "Error executing tool", a
   ``ToolFailure``) is not written; it is counted and a ``memory_dropped`` event says why;
-* **redaction**: the rule set of every other sink (:mod:`loop_governor.redaction`);
+* **redaction**: the rule set of every other sink ([`loop_governor.redaction`][loop_governor.redaction]);
 * **repeats are stored once**: records equal after the normalization error signatures use
-  (:func:`loop_governor.classify.normalize_message`: numbers, ids, timestamps, quoted values,
-  paths) are one record per scope; the newer one updates the older (same id or key);
+  ([`loop_governor.classify.normalize_message`][loop_governor.classify.normalize_message]: numbers, ids, timestamps,
+  quoted values, paths) are one record per scope; the newer one updates the older (same id or key);
 * **size**: blobs stripped and long text cut head-and-tail with the pruner's own transforms
-  and defaults (:mod:`loop_governor.context.text`);
+  and defaults ([`loop_governor.context.text`][loop_governor.context.text]);
 * **the backend is governed**: each backend call is ``governor.call("memory:<backend>", ...)``
   (classified, retried, breaker-protected). A failed write degrades to a ``memory_save_failed``
   event and a count; a failed read raises the typed error like any governed call.
@@ -140,7 +141,7 @@ def failure_reason(value: Any) -> Reason | None:
 
 
 def _redact_value(value: Any) -> Any:
-    """:func:`~loop_governor.redaction.redact_obj` that returns the same object when nothing
+    """[`redact_obj`][loop_governor.redaction.redact_obj] that returns the same object when nothing
     changed (the guard counts redactions by identity) and keeps tuples as tuples."""
     if isinstance(value, str):
         return redact(value)
@@ -213,7 +214,8 @@ class MemoryGuard:
         return cut
 
     def clean_value(self, value: Any) -> Any:
-        """A JSON-like record cleaned: secret-named keys masked, every string as :meth:`clean_text`."""
+        """A JSON-like record cleaned: secret-named keys masked, every string as
+        [`clean_text`][loop_governor.memory.MemoryGuard.clean_text]."""
         redacted = _redact_value(value)
         if redacted is not value:
             self._count("redacted")
@@ -368,7 +370,7 @@ __all__ = ["MemoryGuard", "MemoryStats", "Write", "failure_reason"]
 
 
 class Guarded:
-    """What a framework's governed memory backend exposes of its :class:`MemoryGuard`
+    """What a framework's governed memory backend exposes of its [`MemoryGuard`][loop_governor.memory.MemoryGuard]
     (``crewai_governor.GovernedStorage``, ``langchain_governor.GovernedStore``)."""
 
     guard: MemoryGuard

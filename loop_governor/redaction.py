@@ -2,10 +2,10 @@
 
 Error messages from HTTP clients routinely echo the request URL, headers or body, and
 with them API keys and passwords. The governor puts error text in front of the model and
-into traces, so every such text passes through :func:`redact` first, and structured data
-(checkpoints, trace records) through :func:`is_secret_key` / :func:`mask_secret` as well:
-one rule set for every sink. No library covers the provider key formats and the
-``name=value`` shapes we see in agent tools (URLs, headers, env files, JSON nested in JSON
+into traces, so every such text passes through [`redact`][loop_governor.redaction.redact] first, and structured data
+(checkpoints, trace records) through [`is_secret_key`][loop_governor.redaction.is_secret_key] /
+[`mask_secret`][loop_governor.redaction.mask_secret] as well: one rule set for every sink. No library covers the
+provider key formats and the ``name=value`` shapes we see in agent tools (URLs, headers, env files, JSON nested in JSON
 strings), hence the hand-written rules.
 
 Each rule carries the lower-case fragments its match needs; a rule whose fragments are
@@ -69,7 +69,7 @@ def is_secret_key(name: str) -> bool:
 
     Redacting each string on its own misses ``{"password": "hunter2"}``: neither string
     looks secret alone. Every place that writes structured data out (checkpoints, traces,
-    :func:`redact_obj`) asks this, so they agree on what a secret-named key is.
+    [`redact_obj`][loop_governor.redaction.redact_obj]) asks this, so they agree on what a secret-named key is.
     """
     if len(name) > _KEY_CACHE_MAX_CHARS:
         return _SECRET_KEY.search(_CAMEL_BOUNDARY.sub("_", name)) is not None
@@ -342,7 +342,8 @@ def mask_secret(value: Any) -> Any:
 def redact_obj(value: Any) -> Any:
     """Redact every string inside a JSON-like structure (dicts, lists, tuples).
 
-    Values under secret-named keys (:func:`is_secret_key`) are masked whole, at any depth.
+    Values under secret-named keys ([`is_secret_key`][loop_governor.redaction.is_secret_key]) are masked whole, at any
+    depth.
     """
     if isinstance(value, str):
         return redact(value)

@@ -4,27 +4,27 @@ A model that reads "404 not found" or "payment amount does not add up" tends to 
 the identical call after a varied ``think``, or the same booking with another amount. So
 failures count for the whole task, whatever succeeds in between: a success elsewhere may
 be the fix of a precondition, and then the retried call runs for real (known-bad memory
-follows the world, :mod:`loop_governor.known_bad`) -- but if it fails the same way again,
+follows the world, [`loop_governor.known_bad`][loop_governor.known_bad]) -- but if it fails the same way again,
 that failure counts. At ``repeated_error_threshold`` (default 3) the outcome becomes a
-:class:`~loop_governor.errors.LoopDetectedError` telling the model to stop, and the
-ladder takes it from there (:mod:`loop_governor.escalation`: withdraw, then stop).
+[`LoopDetectedError`][loop_governor.errors.LoopDetectedError] telling the model to stop, and the
+ladder takes it from there ([`loop_governor.escalation`][loop_governor.escalation]: withdraw, then stop).
 
 "The same way about the same thing" is
 
 * the same tool;
-* the same *entity* (:attr:`Call.subject <loop_governor.call.Call.subject>`): revised
+* the same *entity* ([Call.subject][loop_governor.call.Call.subject]): revised
   content -- another amount, a rewritten draft -- is the same question again, while
   another order id, date or file is another question: ten deleted orders are ten 404s,
   not one repeated ten times. An outage (a transient failure) is about the tool, whatever
   is asked;
-* the same error (:attr:`ErrorInfo.identity <loop_governor.classify.ErrorInfo.identity>`):
+* the same error ([ErrorInfo.identity][loop_governor.classify.ErrorInfo.identity]):
   numbers, ids and timestamps aside, names and quoted values kept -- a coding agent
   re-running a script after each ``pip install`` gets another missing module each time:
   the error changes, and it is iterating, not looping.
 
 Two things are no repeat, measured on recorded runs: parallel calls of one model turn (one
 decision, counted once), and a failure that comes back after something that may have fixed it
-(:mod:`loop_governor.fixes`): an edit, a toggle, a call that *did* something -- a coding agent
+([`loop_governor.fixes`][loop_governor.fixes]): an edit, a toggle, a call that *did* something -- a coding agent
 re-running its tests after each edit is iterating. A ``think``, a note or a new search in
 between only said something: the failure counts. Such a failure is not counted, and the count
 it would have added to stays where it was.

@@ -207,7 +207,7 @@ class TaskScope:
 
     def outcome(self, exc: BaseException | None = None) -> dict[str, Any]:
         """How the task ended, for ``task_end``: ``outcome`` is ``completed``, ``stopped``
-        (a :class:`FatalError`: the governor or a fatal failure ended it) or ``failed``
+        (a [`FatalError`][loop_governor.errors.FatalError]: the governor or a fatal failure ended it) or ``failed``
         (another exception left the task), with the error's class, code and redacted
         reason."""
         from loop_governor.checkpointing import stop_fields
@@ -226,7 +226,7 @@ class TaskScope:
     def partial_results(self) -> list[Any]:
         """What the task got done: the ``add_result`` values, then the latest successful
         tool results as ``{"tool": name, "result": text}`` (bounded, redacted); see
-        :class:`~loop_governor.errors.FatalError`."""
+        [`FatalError`][loop_governor.errors.FatalError]."""
         out = list(self.results)
         out.extend({"tool": tool, "result": _result_text(value)} for tool, value in list(self.tool_results))
         return out
@@ -279,7 +279,7 @@ class TaskScope:
         self.calls_by_tool[tool] = self.calls_by_tool.get(tool, 0) + 1
 
     def add_result(self, value: Any) -> None:
-        """Keep a sub-task result: a stop (any :class:`~loop_governor.errors.FatalError`)
+        """Keep a sub-task result: a stop (any [`FatalError`][loop_governor.errors.FatalError])
         hands it back first in ``partial_results``, and with a checkpoint store it is
         saved (JSON-checked, redacted) so a resume has it."""
         if self.checkpoint is None:

@@ -2,8 +2,8 @@
 
 One row per tier and agent: the success rate with its 95% interval, tool executions,
 model calls, identical repeats and what a failed task kept; under the table, what each
-tier's figures say (:func:`loop_governor.bench.model_bench.verdict`). No cell is coloured
-by rank: a lead smaller than the interval is noise, and the verdict line says which
+tier's figures say ([`loop_governor.bench.model_bench.verdict`][loop_governor.bench.model_bench.verdict]). No cell is
+coloured by rank: a lead smaller than the interval is noise, and the verdict line says which
 differences are not.
 """
 

@@ -166,7 +166,7 @@ _SUMMARY: tuple[tuple[str, str, Any], ...] = (
 def print_summary(result: dict[str, Any], console: Console, *, json_path: Any, html_path: Any) -> None:
     """The short account ``loop-governor bench`` prints: per model policy, each arm's
     headline figures over every scenario run, and where the full tables are (a real
-    model's: :mod:`loop_governor.bench.model_report`)."""
+    model's: [`loop_governor.bench.model_report`][loop_governor.bench.model_report])."""
     table = Table(
         title=f"loop-governor bench: {len(result.get('scenarios') or ())} scenarios, "
         f"{' + '.join(result['frameworks'])}, {result['runs']} run(s)",

@@ -334,18 +334,12 @@ def test_jitter_ablation(bench_result: dict[str, Any]) -> None:
 
 def test_every_column_of_the_html_page_is_explained_on_it(bench_result: dict[str, Any]) -> None:
     """Issue 35: the page had "published incident" columns nothing explained."""
-    import re
+    from lg_browser import assert_columns_explained
 
     from loop_governor.bench.report import html_report
 
     page = html_report(bench_result)
-    tables = re.findall(r"<table>(.*?)</table>(<p class=\"cols\">Columns — .*?</p>)?", page, re.S)
-    assert len(tables) >= 3
-    for table, note in tables:
-        headers = re.findall(r"<th>(.*?)</th>", table)
-        assert note, headers
-        for header in headers:
-            assert f"<b>{header}</b>: " in note, header
+    assert_columns_explained(page, at_least=3)
     assert "published incident" not in page
     assert "incident report: no governor" in page and "20 controlled runs" in page
     assert "Rows — <b>tool calls per task</b>: requests that reached the simulated services" in page

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lg_browser import assert_columns_explained
 from lg_openai_server import OpenAIServer, RecordedRequest, Reply, ToolCall, deny_remote_connections
 from typer.testing import CliRunner
 
@@ -294,12 +295,7 @@ def test_the_cli_prints_the_interval_and_the_verdict(tmp_path: Path, monkeypatch
     assert data["runs"] == 2 and data["tiers"]["1"]["verdict"]["kind"] == "too_weak"
     page = (tmp_path / "loop-governor-bench.html").read_text()
     assert "too weak" in page
-    # every column of the page is explained under its table (issue 35)
-    tables = re.findall(r"<table>(.*?)</table>(<p class=\"cols\">Columns — .*?</p>)?", page, re.S)
-    assert len(tables) >= 2
-    for table, note in tables:
-        for header in re.findall(r"<th>(.*?)</th>", table):
-            assert f"<b>{header}</b>: " in note, header
+    assert_columns_explained(page, at_least=2)  # every column of the page, under its table (issue 35)
 
 
 def test_cli_rejects_bad_tier_options() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the lg_* helpers
 
@@ -47,27 +48,33 @@ def fetch_page(url: str) -> str:
     raise HTTPError(404, f"no document at {url}")
 
 
+def tools(decorate: Any) -> list[Any]:
+    """search and fetch_page as the framework's tools (``decorate``: its ``tool`` decorator)."""
+
+    @decorate("search")
+    def search_tool(query: str) -> str:
+        """Search the docs."""
+        return search(query)
+
+    @decorate("fetch_page")
+    def fetch_tool(url: str) -> str:
+        """Fetch a page."""
+        return fetch_page(url)
+
+    return [search_tool, fetch_tool]
+
+
 def run_crew() -> None:
     from crewai.tools import tool
     from lg_crewai import Final, ScriptedLLM, ToolStep, make_crew
 
     from crewai_governor import govern_tools, install
 
-    @tool("search")
-    def search_tool(query: str) -> str:
-        """Search the docs."""
-        return search(query)
-
-    @tool("fetch_page")
-    def fetch_tool(url: str) -> str:
-        """Fetch a page."""
-        return fetch_page(url)
-
     steps = [ToolStep("search", {"query": "refunds"})] + [ToolStep("fetch_page", {"url": "refunds-2019.pdf"})] * 8
     llm = ScriptedLLM(model="scripted", native=True, script=[*steps, Final("done")])
     crew = make_crew(
         llm,
-        govern_tools([search_tool, fetch_tool], governor),
+        govern_tools(tools(tool), governor),
         role="researcher",
         goal="answer from the docs",
         tasks=[("What is our refund policy?", "one paragraph")],
@@ -85,16 +92,6 @@ def run_agent() -> None:
 
     from langchain_governor import GovernorMiddleware
 
-    @tool("search")
-    def search_tool(query: str) -> str:
-        """Search the docs."""
-        return search(query)
-
-    @tool("fetch_page")
-    def fetch_tool(url: str) -> str:
-        """Fetch a page."""
-        return fetch_page(url)
-
     def script(messages: list) -> AIMessage:
         turn = sum(isinstance(m, AIMessage) for m in messages)
         name, args = ("search", {"query": "refunds"}) if turn == 0 else ("fetch_page", {"url": "refunds-2019.pdf"})
@@ -103,7 +100,7 @@ def run_agent() -> None:
         )
 
     agent = create_agent(
-        ScriptedChatModel(script=script), tools=[search_tool, fetch_tool], middleware=[GovernorMiddleware(governor)]
+        ScriptedChatModel(script=script), tools=tools(tool), middleware=[GovernorMiddleware(governor)]
     )
     agent.invoke({"messages": [("user", "Summarise the docs")]})
 

@@ -11,8 +11,6 @@ every column of every table, and renders in Chromium with each of those marks vi
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +18,9 @@ import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.tools import tool
+from lg_browser import assert_columns_explained, screenshot
 from lg_langchain import ScriptedChatModel
 from lg_testing import HTTPError, VirtualClock
-from PIL import Image
 
 import loop_governor as lg
 from langchain_governor import GovernorMiddleware
@@ -156,59 +154,15 @@ def test_a_failed_model_call_shows_no_context_health(story: Path) -> None:
 
 
 def test_every_column_of_every_table_is_explained_on_the_page(story: Path) -> None:
-    page = render_report(load_trace(story))
-    tables = re.findall(r"<table>(.*?)</table>(<p class=\"cols\">.*?</p>)?", page)
-    assert len(tables) >= 4
-    for table, note in tables:
-        headers = re.findall(r"<th>(.*?)</th>", table)
-        assert note, headers
-        for header in headers:
-            assert f"<b>{header}</b>: " in note, header
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    assert_columns_explained(render_report(load_trace(story)), at_least=4)
 
 
 @pytest.mark.chromium
 def test_the_story_renders_in_headless_chromium(story: Path, tmp_path: Path) -> None:
     """The failing run with a retry, a memory answer, a withdrawal and a stop, as a browser draws it."""
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("chromium not found on PATH (apt-get install chromium); the report is not rendered")
     report = tmp_path / "report.html"
     report.write_text(render_report(load_trace(story)), encoding="utf-8")
-    shot = tmp_path / "report.png"
-    subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            f"--screenshot={shot}",
-            "--window-size=1200,2200",  # down to the timeline and the tool-call table
-            report.as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    with Image.open(shot) as img:
-        colors = img.convert("RGB").getcolors(maxcolors=1 << 22)
-    assert colors is not None
-    by_color = {c: n for n, c in colors}
-
-    def near(rgb_hex: str) -> int:
-        r, g, b = (int(rgb_hex[i : i + 2], 16) for i in (1, 3, 5))
-        return sum(n for (cr, cg, cb), n in by_color.items() if abs(cr - r) + abs(cg - g) + abs(cb - b) < 12)
-
+    near = screenshot(report, tmp_path, (1200, 2200))  # down to the timeline and the tool-call table
     assert near("#fb8c00") > 20  # the retry
     assert near("#8e24aa") > 100  # two memory answers: hollow rings, and their rows' italics
     assert near("#b0bec5") > 1000  # the withdrawal band on fetch_page's row

@@ -11,7 +11,8 @@ successes between two occurrences of a repeat, whether one of them *did* somethi
 * any other call whose arguments are not only free text: an edit naming a file, a toggle, a
   call with no arguments at all (``press_brake()``, ``reboot_device()``) -- but not
   ``think(thought=...)``, ``log_note(note=...)``, ``search(query=...)``, which only say
-  something.
+  something, nor a tool whose name says it reads (``get_...``, ``search_...``, ``list_...``):
+  a flight search between two identical failing bookings changes nothing the booking needs.
 
 Tools declared ``ToolPolicy(read_only=True)`` never fix anything. The task keeps its latest
 state-changing successes (the ``World`` policy records them, as references: nothing is
@@ -20,6 +21,7 @@ computed for a healthy call) and the question is answered only when a repeat ask
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from loop_governor.fingerprint import command_of, reads_only, says_only
@@ -29,10 +31,29 @@ if TYPE_CHECKING:
 
 MOVERS_KEPT = 32  # the latest state-changing successes a task keeps; more since a repeat: work happened
 
+# the first word of a tool's name when it says the tool reads or thinks: ``get_order``,
+# ``searchFlights``, ``list-files``, ``calculate``
+_READING_VERBS = frozenset(
+    {
+        "get", "search", "list", "find", "read", "fetch", "lookup", "look", "query", "check", "show", "view",
+        "describe", "count", "calculate", "compute", "think", "reason", "plan", "reflect", "note",
+        "inspect", "browse", "peek", "retrieve", "summarize", "summarise", "explain",
+    }
+)  # fmt: skip
+_FIRST_WORD = re.compile(r"[A-Za-z][a-z0-9]*")
+
+
+def reads_by_name(tool: str) -> bool:
+    """Whether a tool's name says it only reads (or thinks): its first word is such a verb."""
+    match = _FIRST_WORD.search(tool)
+    return match is not None and match.group().lower() in _READING_VERBS
+
 
 def did_something(call: Call) -> bool:
     """Whether this successful, state-changing call may have fixed something (computed once)."""
     known = call.fixed
+    if known is None and reads_by_name(call.name):
+        known = call.fixed = False
     if known is None:
         try:
             command = command_of(call.args, call.kwargs)

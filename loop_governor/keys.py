@@ -49,6 +49,18 @@ def _opaque(value: Any) -> dict[str, Any]:
     return {"object": f"{type(value).__module__}.{type(value).__qualname__}", "serial": serial}
 
 
+def model_json(value: Any) -> Any:
+    """A pydantic model's JSON form (``model_dump(mode="json")``), or None when ``value`` is
+    no model or its dump fails."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            return dump(mode="json")
+        except Exception:
+            pass
+    return None
+
+
 def _canonical(value: Any) -> Any:
     """JSON for an argument ``json`` can't encode, stable for equal values.
 
@@ -56,12 +68,9 @@ def _canonical(value: Any) -> Any:
     processes (set order), so two different calls could share a key and one would get
     the other's known-bad error or checkpointed result.
     """
-    dump = getattr(value, "model_dump", None)  # pydantic models
-    if callable(dump):
-        try:
-            return dump(mode="json")
-        except Exception:
-            pass
+    dumped = model_json(value)
+    if dumped is not None:
+        return dumped
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if isinstance(value, (set, frozenset)):

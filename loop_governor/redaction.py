@@ -23,6 +23,8 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+from loop_governor.keys import model_json
+
 _MASK = "[REDACTED]"
 
 # --- secret names -------------------------------------------------------------------------
@@ -430,12 +432,9 @@ def _redact_shaped(value: Any, objects: bool, depth: int, text: Callable[[str], 
 
 def _object_form(value: Any) -> Any:
     """An arbitrary object as the JSON-like value redaction can read."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        try:
-            return dump(mode="json")
-        except Exception:
-            pass
+    dumped = model_json(value)
+    if dumped is not None:
+        return dumped
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     try:

@@ -1,0 +1,50 @@
+"""The ``loop_governor`` logger's lines for governed memory (:mod:`loop_governor.memory`).
+
+A module of its own so the memory rules and their log lines are read together;
+:mod:`loop_governor.logs` merges :data:`MESSAGES` into its table. Every record the
+wrappers drop, trim or lose to a failing backend is a WARNING naming its key and the
+reason: a memory that silently forgets is worse than one that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+_REASONS = {
+    "governed_error": "it holds the governor's failure text of a tool call",
+    "traceback": "it is nothing but a Python traceback",
+}
+_SHOWN_KEYS = 20  # a failed batch names this many keys, then how many more
+
+
+def _where(e: Mapping[str, Any]) -> str:
+    return f"record {e.get('key')!s} in {e.get('scope')!s}"
+
+
+def _dropped(e: Mapping[str, Any]) -> str:
+    reason = str(e.get("reason"))
+    return f"{e.get('tool')!s}: dropped {_where(e)}: {_REASONS.get(reason, reason)} ({reason})"
+
+
+def _trimmed(e: Mapping[str, Any]) -> str:
+    return f"{e.get('tool')!s}: stored {_where(e)} shorter: {e.get('detail')!s}"
+
+
+def _lost(e: Mapping[str, Any]) -> str:
+    keys = [str(k) for k in e.get("keys") or []]
+    shown = ", ".join(keys[:_SHOWN_KEYS]) + (f" and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else "")
+    n = e.get("records")
+    return (
+        f"{e.get('tool')!s}: lost {n} record{'s' if n != 1 else ''} ({shown or 'no key'}): the backend failed "
+        f"({e.get('error_type')!s}: {e.get('signature')!s}) after {e.get('attempts')!s} attempt(s)"
+    )
+
+
+# event kind -> (level, message), merged into loop_governor.logs.MESSAGES
+MESSAGES: dict[str, tuple[int, Callable[[Mapping[str, Any]], str]]] = {
+    "memory_dropped": (logging.WARNING, _dropped),
+    "memory_trimmed": (logging.WARNING, _trimmed),
+    "memory_save_failed": (logging.WARNING, _lost),
+}

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from loop_governor.logs import level_of, log_event
-from loop_governor.redaction import TextMemo, redact_value
+from loop_governor.redaction import TextMemo, is_secret_key, redact_value
 from loop_governor.scope_vars import _CALL_META, _SCOPE
 
 Subscriber = Callable[[dict[str, Any]], None]
@@ -31,6 +31,7 @@ _MiB = 1 << 20
 # this size, within this many bytes (then the memo starts over)
 MEMO_CHARS = 64 * 1024
 MEMO_BYTES = 4 * _MiB
+_SCALARS = frozenset({bool, int, float})
 
 
 class Events:
@@ -66,13 +67,25 @@ class Events:
         return unsubscribe
 
     def redacted(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A redacted copy of ``record``, as subscribers and the logger receive it."""
+        """A redacted copy of ``record``, as subscribers and the logger receive it.
+
+        Field by field: most are scalars or short strings the memo has seen (tool names,
+        task ids), so a ``tool_call`` event costs a few dict lookups."""
+        text = self._text
+        out: dict[str, Any] = {}
         try:
-            clean = redact_value(record, objects=True, text=self._text)
+            for key, value in record.items():
+                kind = type(value)
+                if value is None or kind in _SCALARS:
+                    out[key] = value
+                elif kind is str and not is_secret_key(key):
+                    out[key] = text(value)
+                else:
+                    out[key] = redact_value({key: value}, objects=True, text=text)[key]
         except Exception:  # an object whose form cannot be read: say so rather than leak it
             self.sink_failures += 1
             return {k: record.get(k) for k in ("event", "ts", "task_id")} | {"redaction_failed": True}
-        return dict(clean) if clean is record else clean
+        return out
 
     def emit(self, event: str, **fields: Any) -> None:
         """Send one event to the subscribers, and to the ``loop_governor`` logger when it

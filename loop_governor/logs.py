@@ -27,7 +27,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from loop_governor.memory_log import MESSAGES as MEMORY_MESSAGES
 from loop_governor.redaction import redact
 
 logger = logging.getLogger("loop_governor")
@@ -134,7 +133,6 @@ MESSAGES: dict[str, tuple[int, Callable[[Mapping[str, Any]], str]]] = {
     "checkpoint_failed": (WARNING, _checkpoint_failed),
     "call_refused": (WARNING, _refused),
     "run_stopped": (WARNING, _stopped),
-    **MEMORY_MESSAGES,  # records dropped, trimmed or lost by the memory wrappers
 }
 
 LEVELS: dict[str, int] = {kind: level for kind, (level, _) in MESSAGES.items()}

@@ -29,7 +29,7 @@ A memory is the user's data, so the filter is as certain as a type error: precis
   raises the typed error like any governed call.
 
 Every drop, trim and lost write is a WARNING of the ``loop_governor`` logger naming the
-record's key and the reason (the lines are in :mod:`loop_governor.memory_log`).
+record's key and the reason (:mod:`loop_governor.memory_log`).
 
 Backend calls run as one-call tasks of their own (outside the caller's task scope): a
 memory write is bookkeeping, not a step of the agent, so it must not spend the task's retry
@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, M
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from loop_governor import memory_log
 from loop_governor.context.text import head_tail, strip_blobs_text
 from loop_governor.errors import AgentToolError
 from loop_governor.keys import call_key
@@ -356,7 +357,7 @@ class MemoryGuard:
             reason = "governed_error"
         if reason is not None:
             self._count("dropped")
-            self.governor.emit("memory_dropped", tool=self.tool, key=str(key), scope=_scope_text(scope), reason=reason)
+            self._report("memory_dropped", key=str(key), scope=_scope_text(scope), reason=reason)
             return Write("drop", reason=reason)
         cuts = _Cuts()
         cleaned, masked = self._clean(value, cuts)
@@ -365,15 +366,11 @@ class MemoryGuard:
             self._count("redacted")
         if cuts.describe():
             self._count("trimmed")
-            self.governor.emit(
-                "memory_trimmed", tool=self.tool, key=str(key), scope=_scope_text(scope), detail=cuts.describe()
-            )
+            self._report("memory_trimmed", key=str(key), scope=_scope_text(scope), detail=cuts.describe())
         repeat_of = self._learn(scope, key, cleaned) if self.dedupe else None
         if repeat_of is not None:
             self._count("repeats")
-            self.governor.emit(
-                "memory_repeat", tool=self.tool, key=str(key), scope=_scope_text(scope), same_as=str(repeat_of)
-            )
+            self._report("memory_repeat", key=str(key), scope=_scope_text(scope), same_as=str(repeat_of))
         return Write("store", cleaned, cleaned_extra, repeat_of=repeat_of)
 
     def _learn(self, scope: Hashable, key: Hashable, value: Any) -> Hashable | None:
@@ -455,15 +452,19 @@ class MemoryGuard:
             self.stats.lost += len(keys)
         self.forget(keys)  # the index must not say they are stored
         info = exc.info
-        self.governor.emit(
+        self._report(
             "memory_save_failed",
-            tool=self.tool,
             records=len(keys),
             keys=[_key_text(scope, key) for scope, key in keys],
             error_type=info.error_type.value,
             signature=info.signature,
             attempts=info.attempts,
         )
+
+    def _report(self, kind: str, **fields: Any) -> None:
+        """An event for subscribers and, for a lost or changed record, a WARNING line."""
+        self.governor.emit(kind, tool=self.tool, **fields)
+        memory_log.log({"event": kind, "tool": self.tool, **fields})
 
 
 def _key_text(scope: Hashable, key: Hashable) -> str:

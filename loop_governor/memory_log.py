@@ -1,9 +1,10 @@
 """The ``loop_governor`` logger's lines for governed memory (:mod:`loop_governor.memory`).
 
-A module of its own so the memory rules and their log lines are read together;
-:mod:`loop_governor.logs` merges :data:`MESSAGES` into its table. Every record the
-wrappers drop, trim or lose to a failing backend is a WARNING naming its key and the
-reason: a memory that silently forgets is worse than one that says so.
+Every record the wrappers drop, trim or lose to a failing backend is a WARNING naming its
+key and the reason: a memory that silently forgets is worse than one that says so. The
+guard calls :func:`log` beside emitting the event, so these lines do not depend on how
+:mod:`loop_governor.logs` renders the governor's other events; like those, the text is
+redacted and the event rides along as ``record.lg_event``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from loop_governor.redaction import redact
+
+logger = logging.getLogger("loop_governor")
 
 _REASONS = {
     "governed_error": "it holds the governor's failure text of a tool call",
@@ -42,9 +47,18 @@ def _lost(e: Mapping[str, Any]) -> str:
     )
 
 
-# event kind -> (level, message), merged into loop_governor.logs.MESSAGES
-MESSAGES: dict[str, tuple[int, Callable[[Mapping[str, Any]], str]]] = {
-    "memory_dropped": (logging.WARNING, _dropped),
-    "memory_trimmed": (logging.WARNING, _trimmed),
-    "memory_save_failed": (logging.WARNING, _lost),
+# event kind -> its WARNING line. Only these memory events are logged.
+LINES: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "memory_dropped": _dropped,
+    "memory_trimmed": _trimmed,
+    "memory_save_failed": _lost,
 }
+
+
+def log(event: Mapping[str, Any]) -> None:
+    """Log one memory event as a WARNING (nothing is formatted while the logger is off)."""
+    render = LINES.get(str(event.get("event")))
+    if render is None or not logger.isEnabledFor(logging.WARNING):
+        return
+    clean = {k: redact(v) if isinstance(v, str) else v for k, v in event.items()}
+    logger.warning("%s", redact(render(event)), extra={"lg_event": clean})

@@ -23,6 +23,7 @@ from typing import Any
 import xxhash
 
 from loop_governor.classify import normalize_message
+from loop_governor.keys import call_key
 
 # Arguments that walk through a collection: a new value is no progress by itself.
 WALK_KEYS = frozenset(
@@ -188,8 +189,8 @@ def args_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[in
     try:
         masked = hash((_norm(args, walks), _norm(kwargs, walks) if kwargs else ()))
         return masked, hash(tuple(sorted(walks))) if walks else 0
-    except Exception:  # an argument whose repr or hash fails: compare it by identity
-        return hash((id(args), id(kwargs))), 0
+    except Exception:  # a repr or hash that fails, keys that do not sort: the call key's
+        return hash(call_key("", args, dict(kwargs))), 0  # canonical form (never raises)
 
 
 # -- what a call asks about: its entity, and the content it revises ---------------------

@@ -372,9 +372,11 @@ class Governor:
     def model_policy(self, endpoint: str) -> ResolvedPolicy:
         return self.rt.policy(MODEL, endpoint)
 
-    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
-        """Receive every event dict; returns a function that unsubscribes."""
-        return self.rt.events.subscribe(fn)
+    def subscribe(self, fn: Subscriber, *, raw: bool = False) -> Callable[[], None]:
+        """Receive every event dict, redacted like every other sink; returns a function
+        that unsubscribes. ``raw=True``: the event as built, secrets included -- only for
+        a sink that redacts before writing anything out (the Agent Lens does)."""
+        return self.rt.events.subscribe(fn, raw=raw)
 
     def emit(self, event: str, **fields: Any) -> None:
         """Send an event to subscribers. A failing subscriber never breaks the agent."""

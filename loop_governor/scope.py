@@ -19,7 +19,7 @@ from loop_governor.errors import FatalError
 from loop_governor.fixes import MOVERS_KEPT
 from loop_governor.keys import call_key
 from loop_governor.progress import ProgressGuard
-from loop_governor.redaction import redact
+from loop_governor.redaction import redact, redact_value
 from loop_governor.scope_vars import _SCOPE
 
 if TYPE_CHECKING:
@@ -224,10 +224,12 @@ class TaskScope:
         return {"outcome": "completed"}
 
     def partial_results(self) -> list[Any]:
-        """What the task got done: the ``add_result`` values, then the latest successful
-        tool results as ``{"tool": name, "result": text}`` (bounded, redacted); see
+        """What the task got done: the ``add_result`` values (redacted), then the latest
+        successful tool results as ``{"tool": name, "result": text}`` (bounded, redacted); see
         [`FatalError`][loop_governor.errors.FatalError]."""
-        out = list(self.results)
+        # redacted here whatever the store: a checkpoint store keeps them redacted JSON,
+        # without one they are the values as given (an object: its redacted JSON form)
+        out = [redact_value(value, objects=True) for value in self.results]
         out.extend({"tool": tool, "result": _result_text(value)} for tool, value in list(self.tool_results))
         return out
 

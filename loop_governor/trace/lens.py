@@ -55,7 +55,7 @@ _JUDGED = frozenset({"model_call", "task_end", "anomaly"})
 
 
 class _Governor(Protocol):
-    def subscribe(self, fn: Callable[[dict[str, Any]], None]) -> Any: ...
+    def subscribe(self, fn: Callable[[dict[str, Any]], None], *, raw: bool = ...) -> Any: ...
 
     def emit(self, event: str, **fields: Any) -> Any: ...
 
@@ -369,5 +369,6 @@ def install(
     through ``tracer_provider`` (default: the global one), anomalies emitted on the governor;
     ``budget`` bounds its caches in bytes."""
     lens = Lens(path, tracer_provider, emit=governor.emit, detectors=detectors, spans=spans, budget=budget)
-    governor.subscribe(lens)
+    # raw: the Lens redacts in its writer thread (records.Redactor), off the agent's path
+    governor.subscribe(lens, raw=True)
     return lens

@@ -46,7 +46,7 @@ _WORDS = (
 
 
 def texts(seed: int) -> Iterator[str]:
-    """Endless distinct ~300-char memory texts (words only: numbers would normalize alike)."""
+    """Endless distinct ~300-char memory texts (no two are repeats of each other)."""
     rng = random.Random(seed)
     while True:
         yield "The user mentioned " + " ".join(rng.choice(_WORDS) for _ in range(45)) + "."
@@ -132,9 +132,9 @@ def langgraph_cases(governor: lg.Governor) -> dict[str, Callable[[], Any]]:
 
 
 def breakdown_cases(governor: lg.Governor) -> dict[str, Callable[[], Any]]:
-    """Where a governed save's time goes: the write filter, and the governed call itself."""
-    from loop_governor.classify import normalize_message
-    from loop_governor.memory import MemoryGuard
+    """Where a governed save's time goes: the write filter (failure check, redaction and
+    size rules, the repeat index), and the governed call itself."""
+    from loop_governor.memory import MemoryGuard, failure_reason
 
     guard = MemoryGuard(governor, "breakdown")
     source, ids = texts(5), iter(range(10**9))
@@ -145,9 +145,9 @@ def breakdown_cases(governor: lg.Governor) -> dict[str, Callable[[], Any]]:
 
     return {
         "filter (admit one record)": lambda: guard.admit("/", next(ids), next(source)),
-        "  of which normalize_message": lambda: normalize_message(sample, limit=None),
+        "  of which the failure check": lambda: failure_reason(sample),
         "  of which redact": lambda: lg.redact(sample),
-        "governed backend call (no-op)": lambda: guard.write(noop, None),
+        "governed backend call (no-op)": lambda: guard.write(noop, None, keys=[("/", "k")]),
     }
 
 
@@ -175,7 +175,8 @@ def main() -> None:
 
     fast = {**crewai_cases(DictBackend(), governor, "dict"), **langgraph_cases(governor), **breakdown_cases(governor)}
     result = medians(fast, opts.rounds, opts.calls)
-    with tempfile.TemporaryDirectory() as tmp:
+    # LanceDB may still be writing index files when the table is dropped: ignore them
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         # one table for both cases, in interleaved rounds: both pay for its growth alike
         lance = LanceDBStorage(path=os.path.join(tmp, "lance"))
         result.update(medians(crewai_cases(lance, governor, "LanceDB"), opts.rounds, opts.lance_calls))

@@ -17,6 +17,11 @@ Modes:
 * ``toolnode``: every LangGraph ``ToolNode`` gets its tools wrapped with ``govern_tool``.
 * ``crewai``: every crewAI agent's and task's tools are wrapped with
   ``crewai_governor.govern_tool`` when the agent or task is built.
+* ``store``: every LangGraph ``InMemoryStore`` a test builds is a
+  ``langchain_governor.GovernedStore`` around one (LangGraph's own BaseStore suite).
+* ``memory``: every crewai-memory-core ``InMemoryBackend`` and crewAI ``LanceDBStorage``
+  a test builds is a ``crewai_governor.GovernedStorage`` around one (the StorageBackend
+  contract suite).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import pytest
 
 import loop_governor as lg
 
-MODES = ("lc-first", "lc-last", "lc-tools", "toolnode", "crewai")
+MODES = ("lc-first", "lc-last", "lc-tools", "toolnode", "crewai", "store", "memory")
 
 _governor: lg.Governor | None = None
 
@@ -69,6 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "lc-tools": lambda: _patch_create_agent(position="tools"),
         "toolnode": _patch_tool_node,
         "crewai": _patch_crewai,
+        "store": _patch_store,
+        "memory": _patch_memory_backends,
     }[mode]()
 
 
@@ -199,3 +206,40 @@ def _patch_crewai() -> None:
 
     wrap_init(BaseAgent)
     wrap_init(Task)
+
+
+# -- memory backends --------------------------------------------------------------------------
+
+
+def _patch_store() -> None:
+    import langgraph.store.memory as memory
+
+    from langchain_governor import GovernedStore
+
+    original = memory.InMemoryStore
+
+    class InMemoryStore(GovernedStore):
+        """``InMemoryStore(...)`` as a user who wraps it has it: governed, same arguments."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(original(*args, **kwargs), current_governor(), name="InMemoryStore")
+
+    memory.InMemoryStore = InMemoryStore  # type: ignore[misc]
+
+
+def _patch_memory_backends() -> None:
+    import crewai_memory_core.testing as testing
+    from crewai.memory.storage import lancedb_storage
+
+    from crewai_governor import GovernedStorage
+
+    def governed(original: type[Any]) -> type[Any]:
+        class Governed(GovernedStorage):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(original(*args, **kwargs), current_governor(), name=original.__name__)
+
+        Governed.__name__ = Governed.__qualname__ = original.__name__
+        return Governed
+
+    testing.InMemoryBackend = governed(testing.InMemoryBackend)  # type: ignore[misc]
+    lancedb_storage.LanceDBStorage = governed(lancedb_storage.LanceDBStorage)  # type: ignore[misc]

@@ -7,6 +7,13 @@ user may put it (see ``governor_inject.py``), and fails when a test that passes
 unchanged fails injected -- unless ``allowlist.py`` names it with the reason (tests
 that assert exactly what the governor changes on purpose).
 
+The memory wrappers are judged by their peers' suites the same way: LangGraph's own
+``BaseStore`` tests (they ship in the langgraph-checkpoint sdist) with every
+``InMemoryStore`` they build wrapped in ``GovernedStore``, and the StorageBackend contract
+of crewai-memory-core (18 tests, its sdist's own provider module for its dict-backed
+``InMemoryBackend`` plus ours for crewAI's ``LanceDBStorage``) with each backend wrapped
+in ``GovernedStorage``.
+
     python compat/run.py fetch        # download + unpack the sdists (pip download; cached)
     python compat/run.py run [SUITE]  # run; a table per suite and mode; exit 1 on a regression
     python compat/run.py run langchain-agents -k test_jump_to_is_ephemeral   # a selection only
@@ -50,6 +57,8 @@ class Suite:
     extra_args: tuple[str, ...] = ()
     conftest: str | None = None  # our own root conftest copied next to tests/
     ini: str | None = None  # our own pytest settings, for an sdist that ships none
+    # our own test modules copied into the sdist: (file in compat/, path in the sdist)
+    extra_files: tuple[tuple[str, str], ...] = ()
 
 
 SUITES = (
@@ -84,6 +93,19 @@ SUITES = (
         ("crewai",),
         conftest="crewai_conftest.py",
         ini="crewai_pytest.ini",
+    ),
+    # LangGraph's BaseStore suite; mode "store": every InMemoryStore is a GovernedStore around one
+    Suite("langgraph-store", "langgraph-checkpoint", ("tests/test_store.py",), ("store",)),
+    # crewai-memory-core's StorageBackend contract on its InMemoryBackend and on crewAI's
+    # LanceDBStorage; mode "memory": each backend is a GovernedStorage around one
+    Suite(
+        "crewai-memory-core",
+        "crewai-memory-core",
+        ("tests",),
+        ("memory",),
+        conftest="crewai_conftest.py",
+        ini="memory_pytest.ini",
+        extra_files=(("memory_contract_lancedb.py", "tests/test_lancedb_backend.py"),),
     ),
 )
 
@@ -162,6 +184,8 @@ def run_one(suite: Suite, mode: str, select: str | None = None) -> Outcome:
     root = sdist_dir(suite.dist)
     if suite.conftest:
         shutil.copyfile(HERE / suite.conftest, root / "conftest.py")
+    for ours, there in suite.extra_files:
+        shutil.copyfile(HERE / ours, root / there)
     logs = BUILD / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     junit = logs / f"{suite.name}.{mode}.xml"

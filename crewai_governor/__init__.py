@@ -1,6 +1,6 @@
 """CrewAI adapter for loop-governor: governed tools, LLM/tool hooks, an event listener.
 
-Swap a crew's tools for governed ones and, optionally, install the hooks for one run::
+Swap a crew's tools for governed ones and, optionally, install the hooks for one run:
 
     import loop_governor as lg
     from crewai_governor import govern_tools, install
@@ -14,7 +14,7 @@ Long-term memory: ``Memory(storage=GovernedStorage(backend))``, or ``install(g, 
 for every ``Memory`` built while installed (failures, secrets and repeats kept out).
 
 The adapter holds no governance logic: retries, breakers, budgets and classification
-live in :mod:`loop_governor`; this package only maps them onto crewAI's plug points.
+live in [`loop_governor`][loop_governor]; this package only maps them onto crewAI's plug points.
 """
 
 from typing import Any
@@ -52,9 +52,9 @@ __all__ = [
 
 
 def install(governor: lg.Governor | None = None, *, memory: bool = False, **options: Any) -> Installation:
-    """:func:`crewai_governor.hooks.install` (same ``options``); ``memory=True`` also wraps the
-    storage of every crewAI ``Memory`` built while the installation is active in a
-    :class:`GovernedStorage` (crewAI's ``set_memory_storage_factory``)."""
+    """`crewai_governor.hooks.install` (same ``options``); ``memory=True`` also wraps
+    the storage of every crewAI ``Memory`` built while the installation is active in a
+    `GovernedStorage` (crewAI's ``set_memory_storage_factory``)."""
     installation = _install_hooks(governor, **options)
     if not memory:
         return installation

@@ -4,13 +4,13 @@ crewAI 1.15 catches every ``Exception`` a tool raises, and that is its contract 
 failed tool call: a ``ToolUsageErrorEvent`` (dashboards count these), ``task.tools_errors``
 incremented, a failure recorded with reason ``exception``. So:
 
-* a transient or permanent failure is *raised* as a :class:`GovernedToolError` whose text
-  is the governor's compact JSON. crewAI records it as above, and the global
-  ``after_tool_call`` hook (:func:`ensure_fatal_relay`) hands the model that JSON instead
-  of crewAI's error wording around it. crewAI's ReAct path re-runs a raising tool (three
+* a transient or permanent failure is *raised* as a [`GovernedToolError`][crewai_governor.failures.GovernedToolError]
+  whose text is the governor's compact JSON. crewAI records it as above, and the global
+  ``after_tool_call`` hook ([`ensure_fatal_relay`][crewai_governor.failures.ensure_fatal_relay]) hands the model that
+  JSON instead of crewAI's error wording around it. crewAI's ReAct path re-runs a raising tool (three
   attempts, two invocations each); the governor already retried, so those re-runs get
-  the same outcome without a call (:class:`~crewai_governor.tools.GovernedStructuredTool`);
-* a fatal failure is *returned* as a :class:`GovernedToolFailure` carrying the
+  the same outcome without a call ([`GovernedStructuredTool`][crewai_governor.tools.GovernedStructuredTool]);
+* a fatal failure is *returned* as a [`GovernedToolFailure`][crewai_governor.failures.GovernedToolFailure] carrying the
   ``lg.FatalError`` (crewAI would swallow a raised one); the same hook then raises it
   again as a ``HookAborted``. ``HookAborted`` is the one exception crewAI passes through
   its tool, executor, agent-retry and crew layers untouched (agent/core.py keeps it out
@@ -39,8 +39,8 @@ class GovernedToolError(Exception):
     loop detected), raised out of a governed crewAI tool.
 
     ``str()`` is the governor's model-facing JSON; ``.error`` is the
-    :class:`loop_governor.AgentToolError` (``.info`` its classification) and ``__cause__``
-    the tool's own exception, when there was one.
+    [`loop_governor.AgentToolError`][loop_governor.errors.AgentToolError] (``.info`` its classification) and
+    ``__cause__`` the tool's own exception, when there was one.
     """
 
     def __init__(self, error: lg.AgentToolError) -> None:
@@ -150,7 +150,7 @@ def model_stop(exc: lg.AgentToolError) -> lg.AgentToolError:
 
     crewAI wraps every LLM class's call method in its own rate-limit retry, which walks an
     exception's ``__cause__`` chain for a 429; a governed LLM's call is not wrapped (see
-    :mod:`crewai_governor.llm`), and crewAI's agent retry loop lets a ``HookAborted``
+    `crewai_governor.llm`), and crewAI's agent retry loop lets a ``HookAborted``
     through. The stop's text carries no "rate limit" wording either (the provider's words
     stay in ``.info``).
     """
@@ -223,7 +223,7 @@ _relay_lock = threading.Lock()
 
 
 def ensure_fatal_relay() -> None:
-    """Register :func:`_relay_fatal` globally unless it is registered already.
+    """Register [`_relay_fatal`][crewai_governor.failures._relay_fatal] globally unless it is registered already.
 
     Checked again on every fatal outcome, so a test suite's ``clear_all_global_hooks()``
     between runs cannot silently downgrade a fatal error into model-facing text.

@@ -17,7 +17,7 @@ What each hook does and why it lives there (crewAI 1.15 semantics, see INTEGRATI
 * after_tool_call -- swaps that text for the governor's JSON and records the refusal as
   a crewAI ToolFailure (crewAI records none for a blocked call).
 * execution_start / execution_end -- swap each agent's LLM for its governed copy
-  (:func:`crewai_governor.llm.govern_llm`) for the kickoff, and put the originals back
+  ([`crewai_governor.llm.govern_llm`][crewai_governor.llm.govern_llm]) for the kickoff, and put the originals back
   after; and open a governor task per crew or flow kickoff (unless one is open
   already), because known-bad calls, the retry budget, the step
   budget and the repeated-error guard are per governor task; without one every call is
@@ -26,14 +26,15 @@ What each hook does and why it lives there (crewAI 1.15 semantics, see INTEGRATI
   ``flow=<executor>``), so it gets a task too. crewAI dispatches execution_end on the
   failure path too, in the same context as execution_start, so the scope always closes.
 
-Every hook first checks :attr:`GovernorHooks.active`, which :meth:`Installation.uninstall`
+Every hook first checks `GovernorHooks.active`, which
+[`Installation.uninstall`][crewai_governor.hooks.Installation.uninstall]
 clears: crewAI copies the global LLM hooks into each executor it builds, so an executor
 created while the hooks were installed would keep calling them after ``uninstall()``.
 
 Hooks run on crewAI worker threads (parallel native tool calls use a thread pool), so
 shared state here is behind locks. Exceptions other than ``HookAborted`` raised in a hook
 are swallowed by crewAI, so a fatal governor error (e.g. a step budget) is re-raised as
-a ``HookAborted`` stop (:func:`crewai_governor.failures.stop_error`).
+a ``HookAborted`` stop ([`crewai_governor.failures.stop_error`][crewai_governor.failures.stop_error]).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ from loop_governor.config import check_pruner
 from loop_governor.context.tokens import approx_tokens
 from loop_governor.conversation import links
 from loop_governor.ladder import keep_listed
-from loop_governor.scope import RunAbandoned
+from loop_governor.scope import NAME_CHARS, RunAbandoned, readable_name
 
 __all__ = ["GovernorHooks", "Installation", "MessagePruner", "install", "installed"]
 
@@ -129,7 +130,7 @@ def _untally_poll(context: Any) -> None:
 
 
 def installed(governor: lg.Governor) -> bool:
-    """Whether an active :func:`install` of ``governor`` reaches the current context: its
+    """Whether an active `install` of ``governor`` reaches the current context: its
     hooks registered process-wide, or in the crewAI hook scope this code runs in."""
     point = InterceptionPoint.PRE_MODEL_CALL
     for hook in (*get_scoped_hooks(point), *get_global_hook_list(point)):
@@ -185,7 +186,7 @@ def _let_repeat_through(context: Any) -> None:
     never came first. A governed tool's repeats reach the governor instead: crewAI's
     record of the last tool used (a public ToolsHandler attribute, which only that check
     reads) is cleared for them. Its cache is off for governed tools for the same reason
-    (:func:`crewai_governor.tools.governor_sees_every_call`)."""
+    (`crewai_governor.tools.governor_sees_every_call`)."""
     agent = getattr(context, "agent", None)
     for holder in (
         getattr(agent, "tools_handler", None),
@@ -197,7 +198,7 @@ def _let_repeat_through(context: Any) -> None:
 
 
 class GovernorHooks:
-    """The four hook callables for one governor; register them with :func:`install`.
+    """The four hook callables for one governor; register them with [`install`][crewai_governor.hooks.install].
 
     ``pruner`` is shared by every conversation (fine for a stateless pruner or a crew
     with one agent); ``pruner_factory`` builds one pruner per agent executor, which is
@@ -299,7 +300,7 @@ class GovernorHooks:
         messages are copies, made once per withdrawal set and reused, so the prompt stays
         byte-identical between withdrawals. A withdrawn tool whose description the prompt
         does not hold as crewAI renders it stays listed: the ladder then refuses its calls
-        instead of ending the run (:func:`loop_governor.ladder.keep_listed`)."""
+        instead of ending the run (`loop_governor.ladder.keep_listed`)."""
         llm = getattr(context, "llm", None)
         owner = getattr(context, "executor", None)
         scope = self.governor.current_task()
@@ -496,7 +497,7 @@ class GovernorHooks:
         # execution_end for a kickoff that raised an Exception, not for one cancelled or
         # interrupted (CancelledError, KeyboardInterrupt).
         self._end_run(owner, RunAbandoned("the kickoff ended before crewAI said so (cancelled or interrupted)"))
-        scope = self.governor.task(f"crewai-{kind}-{getattr(owner, 'id', None) or id(owner)}")
+        scope = self.governor.task(f"crewai-{kind}-{getattr(owner, 'id', None) or id(owner)}", name=_run_name(owner))
         scope.__enter__()
         with self._lock:
             self._run_scopes[id(owner)] = (owner, scope)
@@ -576,13 +577,28 @@ class GovernorHooks:
         }
 
 
+def _run_name(owner: Any) -> str | None:
+    """What a person calls a kickoff: the crew's name if one was given, else its (first)
+    task's description; a flow's (a standalone agent's) name or role."""
+    tasks = list(getattr(owner, "tasks", None) or ())
+    name = getattr(owner, "name", None)
+    if tasks and (not isinstance(name, str) or name in ("", "crew")):  # "crew": crewAI's default
+        first = str(getattr(tasks[0], "name", None) or getattr(tasks[0], "description", "") or "").strip()
+        more = f" (+{len(tasks) - 1} more tasks)" if len(tasks) > 1 else ""
+        return f"{readable_name(first, NAME_CHARS - len(more))}{more}" if first else None
+    if isinstance(name, str) and name:
+        return name
+    role = getattr(owner, "role", None)
+    return str(role) if role else None
+
+
 class Installation:
-    """The hooks of one :func:`install` call; a context manager.
+    """The hooks of one [`install`][crewai_governor.hooks.install] call; a context manager.
 
     Scoped: hooks are registered on ``__enter__`` into a crewAI hook scope (a contextvar
     that crewAI's worker threads inherit) and vanish on ``__exit__``, so two crews in one
     process can run under different governors. Global: hooks are registered at once and
-    removed by :meth:`uninstall` or ``__exit__``.
+    removed by [`uninstall`][crewai_governor.hooks.Installation.uninstall] or ``__exit__``.
     """
 
     def __init__(self, hooks: GovernorHooks, *, scoped: bool, task_id: str | None) -> None:
@@ -637,7 +653,7 @@ class Installation:
 
         crewAI copies the global LLM hooks into each executor it builds, so an executor
         created while installed would keep calling them: the hooks check
-        :attr:`GovernorHooks.active`, cleared here. Scoped hooks vanish with their scope.
+        `GovernorHooks.active`, cleared here. Scoped hooks vanish with their scope.
         """
         self.hooks.active = False
         if self._global:
@@ -667,7 +683,7 @@ def install(
     instead, so budgets and known-bad calls span several kickoffs.
 
     ``govern_llms`` (default): every agent's LLM is swapped for its governed copy for the
-    kickoff (see :func:`crewai_governor.llm.govern_llm`), so each model call is governed;
+    kickoff (see [`crewai_governor.llm.govern_llm`][crewai_governor.llm.govern_llm]), so each model call is governed;
     ``fallback_llms`` answer, in order, while an agent's model is down.
     """
     ensure_fatal_relay()

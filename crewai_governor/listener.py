@@ -6,7 +6,8 @@ normalizes it with crewAI's own ``UsageMetrics.from_provider_dict`` so the figur
 with crewAI's totals, cached prompt tokens included.
 
 Handlers run on crewAI's thread pool, after the emitting code has moved on: call
-:meth:`GovernorEventListener.flush` (``crewai_event_bus.flush``) before reading results.
+[`GovernorEventListener.flush`][crewai_governor.listener.GovernorEventListener.flush] (``crewai_event_bus.flush``)
+before reading results.
 
 crewAI serializes an event's ``messages`` to a depth of five and writes anything deeper
 as ``repr()``: a tool call's function name and arguments arrive as ``"'read_file'"`` and
@@ -63,15 +64,15 @@ class GovernorEventListener(BaseEventListener):
       messages sent, crewAI's task id and agent role; failed calls carry ``error``, once
       per call (crewAI 1.15 emits two failure events for one failed call).
     * ``tool_call`` -- for calls this governor did not run itself: tools not wrapped by
-      :func:`crewai_governor.govern_tool` for it (the governor reports its governed calls
+      [`crewai_governor.govern_tool`][crewai_governor.tools.govern_tool] for it (the governor reports its governed calls
       itself, with attempts and classification). Decided per event, by the tool object
       the emitting executor holds, not by name: an unwrapped tool that shares a name with
       a wrapped one elsewhere is still reported.
     * ``tool_failure`` -- every failure crewAI records, governed or not, including its own
       (unknown tool, invalid input, repeated call, usage limit).
 
-    Registering is global (crewAI has one bus); :meth:`close` unregisters. Usable as a
-    context manager: ``with GovernorEventListener(g) as lens: crew.kickoff()`` flushes
+    Registering is global (crewAI has one bus); [`close`][crewai_governor.listener.GovernorEventListener.close]
+    unregisters. Usable as a context manager: ``with GovernorEventListener(g) as lens: crew.kickoff()`` flushes
     and unregisters on exit.
     """
 

@@ -12,8 +12,9 @@ The copy is an instance of a subclass of the LLM's own class (``isinstance`` hol
 fields, stop words and events are the original's), with the provider SDK's own retries
 switched off (``max_retries=0``; ``GovernorConfig(sdk_retries="keep")`` keeps them), so a
 fatal 429 reaches the provider once. crewAI's own rate-limit retry around ``call`` sees
-the governor's outcome only as a clean stop (:func:`crewai_governor.failures.model_stop`),
-which its agent retry loop lets through: the run ends with the typed error.
+the governor's outcome only as a clean stop
+([`crewai_governor.failures.model_stop`][crewai_governor.failures.model_stop]), which its agent retry loop lets through:
+the run ends with the typed error.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _usage_of(reports: list[dict[str, Any]]) -> Usage | None:
 class _Governed:
     """The methods the governed subclass of an LLM class adds (mixed in first). Its state
     (``_lg_governor``, ``_lg_fallbacks``, ``_lg_compact``) is pydantic private attributes
-    of the subclass (see :func:`_governed_class`)."""
+    of the subclass (see [`_governed_class`][crewai_governor.llm._governed_class])."""
 
     _lg_governor: Any
     _lg_fallbacks: tuple[Any, ...]
@@ -106,7 +107,7 @@ class _Governed:
 
 def _offered(governor: lg.Governor, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keyword arguments as the ladder offers the tools once some are
-    withdrawn (:func:`loop_governor.ladder.tool_offer`): without the withdrawn schemas;
+    withdrawn ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn schemas;
     with every tool withdrawn and tool history in the conversation they stay (crewAI sends
     ``tool_choice="auto"`` itself, so a call of a withdrawn tool then ends the run)."""
     tools = kwargs.get("tools")

@@ -1,8 +1,8 @@
 """Governed crewAI memory: a ``StorageBackend`` that keeps failures, secrets and repeats out.
 
 crewAI 1.15's one memory system, ``crewai.memory.unified_memory.Memory``, stores through a
-pluggable :class:`crewai.memory.storage.backend.StorageBackend`. :class:`GovernedStorage`
-wraps any of them (LanceDB, the default, included)::
+pluggable `crewai.memory.storage.backend.StorageBackend`. [`GovernedStorage`][crewai_governor.memory.GovernedStorage]
+wraps any of them (LanceDB, the default, included):
 
     from crewai.memory.unified_memory import Memory
     from crewai_governor import GovernedStorage
@@ -12,7 +12,7 @@ wraps any of them (LanceDB, the default, included)::
 
 or for every ``Memory`` built from a spec string, ``with install(g, memory=True): ...``
 (crewAI's ``set_memory_storage_factory``). What is filtered and why lives in the core,
-:mod:`loop_governor.memory`; this module maps ``MemoryRecord`` onto it.
+[`loop_governor.memory`][loop_governor.memory]; this module maps ``MemoryRecord`` onto it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from crewai.memory.types import MemoryRecord, ScopeInfo
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
 from crewai_governor.hooks import Installation
-from loop_governor.memory import Guarded, MemoryGuard
+from loop_governor.memory import Guarded, Key, MemoryGuard
 
 __all__ = ["GovernedStorage", "MemoryFactory", "MemoryInstallation", "builtin_storage"]
 
@@ -36,11 +36,13 @@ __all__ = ["GovernedStorage", "MemoryFactory", "MemoryInstallation", "builtin_st
 class GovernedStorage(Guarded):
     """A crewAI ``StorageBackend`` around ``inner``: writes filtered, every call governed.
 
-    ``save``/``asave``/``update``: records that are failures are dropped, the rest redacted
-    and trimmed; a record equal to one stored before in its scope (after error-signature
-    normalization) updates that one instead of adding a copy. A backend failure on a write
-    is retried and breaker-protected as the tool ``memory:<name>`` (``name`` defaults to the
-    backend's class name) and, if it still fails, becomes a ``memory_save_failed`` event:
+    ``save``/``asave``/``update``: a record that is a failure (it holds the governor's
+    failure text, or is nothing but a traceback) is dropped; the rest are redacted and
+    trimmed and written under their own id, always. A record whose content equals one
+    stored under another id of its scope is counted as a repeat (a ``memory_repeat``
+    event), never merged. A backend failure on a write is retried and breaker-protected as
+    the tool ``memory:<name>`` (``name`` defaults to the backend's class name) and, if it
+    still fails, becomes a ``memory_save_failed`` event and a WARNING naming the lost ids:
     the crew goes on without that memory. Reads (``search``, ``get_record``, ``list_*``,
     ``count``...) return the backend's answer untouched, through the same governed call.
     Anything else the backend offers (``touch_records``, ``close``...) is passed through.
@@ -77,29 +79,26 @@ class GovernedStorage(Guarded):
 
     # -- writes --------------------------------------------------------------------------
 
-    def _plan(self, records: list[MemoryRecord]) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
-        """Records to save and older records to update, after the filter."""
-        fresh: list[MemoryRecord] = []
-        updates: list[MemoryRecord] = []
+    def _plan(self, records: list[MemoryRecord]) -> list[MemoryRecord]:
+        """The records to write, after the filter (each under its own id)."""
+        kept: list[MemoryRecord] = []
         changed: list[MemoryRecord] = []
         for record in records:
-            write = self.guard.admit(record.scope, record.id, record.content, check=record.metadata or None)
+            metadata = record.metadata or None
+            write = self.guard.admit(record.scope, record.id, record.content, extra=metadata)
             if write.action == "drop":
                 continue
             changes: dict[str, Any] = {}
             if write.value is not record.content:
                 changes["content"] = write.value
-            metadata = self.guard.clean_value(record.metadata) if record.metadata else record.metadata
-            if metadata is not record.metadata:
-                changes["metadata"] = metadata
-            if write.action == "update":
-                changes["id"] = write.existing
+            if write.extra is not metadata:
+                changes["metadata"] = write.extra
             out = record.model_copy(update=changes) if changes else record
-            (updates if write.action == "update" else fresh).append(out)
+            kept.append(out)
             if "content" in changes:
                 changed.append(out)
         self._reembed(changed)
-        return fresh, updates
+        return kept
 
     def _reembed(self, changed: list[MemoryRecord]) -> None:
         """Embed records whose text the filter changed (with the ``embedder``, if any)."""
@@ -110,25 +109,23 @@ class GovernedStorage(Guarded):
         for record, vector in zip(changed, embed_texts(self.embedder, [r.content for r in changed]), strict=True):
             record.embedding = vector
 
+    @staticmethod
+    def _keys(records: list[MemoryRecord]) -> list[Key]:
+        return [(r.scope, r.id) for r in records]
+
     def save(self, records: list[MemoryRecord]) -> None:
-        fresh, updates = self._plan(list(records))
-        if fresh:
-            self.guard.write(self.inner.save, fresh, records=len(fresh))
-        for record in updates:
-            self.guard.write(self.inner.update, record)
+        kept = self._plan(list(records))
+        if kept:
+            self.guard.write(self.inner.save, kept, keys=self._keys(kept))
 
     async def asave(self, records: list[MemoryRecord]) -> None:
-        fresh, updates = self._plan(list(records))
-        if fresh:
-            await self.guard.awrite(self.inner.asave, fresh, records=len(fresh))
-        for record in updates:
-            # the protocol has no async update: run the sync one off the event loop
-            await self.guard.awrite(_to_thread(self.inner.update), record)
+        kept = self._plan(list(records))
+        if kept:
+            await self.guard.awrite(self.inner.asave, kept, keys=self._keys(kept))
 
     def update(self, record: MemoryRecord) -> None:
-        fresh, updates = self._plan([record])
-        for out in fresh + updates:
-            self.guard.write(self.inner.update, out)
+        for out in self._plan([record]):
+            self.guard.write(self.inner.update, out, keys=self._keys([out]))
 
     # -- deletes (the user's own request: a failure raises) --------------------------------
 
@@ -237,15 +234,6 @@ class GovernedStorage(Guarded):
         return self.guard.read(self.inner.count, scope_prefix=scope_prefix)
 
 
-def _to_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
-    import asyncio
-
-    async def run(*args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    return run
-
-
 def builtin_storage(spec: str) -> StorageBackend:
     """The backend crewAI's ``Memory`` builds itself for a ``storage`` spec string."""
     if spec == "qdrant-edge":
@@ -259,7 +247,8 @@ def builtin_storage(spec: str) -> StorageBackend:
 
 class MemoryFactory:
     """crewAI's process-wide memory storage factory, wrapping each backend in
-    :class:`GovernedStorage` (a factory registered before is asked first and wrapped too).
+    [`GovernedStorage`][crewai_governor.memory.GovernedStorage] (a factory registered before is asked first and wrapped
+    too).
 
     ``activate()`` registers it, ``deactivate()`` restores the previous one. Only ``Memory``
     objects built while it is registered are governed (crewAI asks the factory at
@@ -291,9 +280,9 @@ class MemoryFactory:
 
 
 class MemoryInstallation(Installation):
-    """An :class:`~crewai_governor.hooks.Installation` that registers a
-    :class:`MemoryFactory` for as long as its hooks are active: on ``__enter__`` (scoped)
-    or at once (``scoped=False``), until ``__exit__`` / ``uninstall()``."""
+    """An [`Installation`][crewai_governor.hooks.Installation] that registers a
+    [`MemoryFactory`][crewai_governor.memory.MemoryFactory] for as long as its hooks are active: on ``__enter__``
+    (scoped) or at once (``scoped=False``), until ``__exit__`` / ``uninstall()``."""
 
     memory: MemoryFactory
 

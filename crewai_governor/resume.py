@@ -4,7 +4,7 @@ the finished ones.
 crewAI 1.15's own checkpointing writes from a background thread with a plain
 ``open("w")`` (lost on a hard kill in 3 of 16 tries), and ``Crew.from_checkpoint``
 rebuilds the crew from JSON, which brings back an OpenAI LLM in place of the user's own.
-:func:`resume_crew` does it the other way round:
+[`resume_crew`][crewai_governor.resume.resume_crew] does it the other way round:
 
 * the user's crew object (or a factory building it) stays the source of truth for
   agents, LLMs and tools; only task *outputs* are checkpointed;
@@ -17,12 +17,12 @@ rebuilds the crew from JSON, which brings back an OpenAI LLM in place of the use
   start index with an ``output`` is fed to the context and not run), reached through
   ``Crew.checkpoint_kickoff_event_id``, the field ``Crew.from_checkpoint`` sets.
 
-The checkpoint is the governor task ``run_id``: with :func:`crewai_governor.install` on
+The checkpoint is the governor task ``run_id``: with [`crewai_governor.install`][crewai_governor.install] on
 the same governor, completed *tool calls* of an interrupted task are in it too, and are
 not repeated either. Outputs are stored as redacted JSON (``TaskOutput.messages`` are
 not kept), so a secret in an output comes back masked.
 
-A run that finished is recorded as such; calling :func:`resume_crew` again returns the
+A run that finished is recorded as such; calling [`resume_crew`][crewai_governor.resume.resume_crew] again returns the
 stored outputs without running anything.
 """
 
@@ -98,8 +98,8 @@ def _task_output(task: Task, doc: Mapping[str, Any]) -> TaskOutput:
 def restore_task_outputs(crew: Crew, results: list[Any]) -> int:
     """Put stored outputs back on ``crew``'s tasks; returns how many leading tasks are done.
 
-    Raises :class:`CrewResumeError` when a stored output belongs to a task that is not at
-    that position any more (its description or expected output changed): resuming would
+    Raises [`CrewResumeError`][crewai_governor.resume.CrewResumeError] when a stored output belongs to a task that is
+    not at that position any more (its description or expected output changed): resuming would
     skip the wrong work.
     """
     by_index: dict[int, Mapping[str, Any]] = {}
@@ -164,7 +164,7 @@ def resume_crew(
             checkpoint), a checkpoint store, or a store URL (``sqlite:///crew.db``).
         run_id: names the run; the same id resumes it.
         inputs: kickoff inputs (interpolated into tasks as usual).
-        llm: if given, re-bound to every agent first (see :func:`rebind_llm`).
+        llm: if given, re-bound to every agent first (see [`rebind_llm`][crewai_governor.resume.rebind_llm]).
 
     Tasks finished in an earlier run are not run again; their stored outputs are fed to
     later tasks as context and appear in the returned ``CrewOutput``. Only a leading run

@@ -1,13 +1,13 @@
 """Governed crewAI tools: the same tool to the model, governed calls underneath.
 
-``govern_tool(tool)`` returns a :class:`GovernedTool` with the wrapped tool's name,
+``govern_tool(tool)`` returns a [`GovernedTool`][crewai_governor.tools.GovernedTool] with the wrapped tool's name,
 description, argument schema, result schema and flags, so the prompt (ReAct text) and the
 function schema (native calls) are unchanged. Each call goes through
 ``governor.call`` (retries with backoff, breaker, known-bad calls, budgets). A governed
-failure is raised as a :class:`~crewai_governor.failures.GovernedToolError`, which crewAI
+failure is raised as a [`GovernedToolError`][crewai_governor.failures.GovernedToolError], which crewAI
 records as the tool's failure; a fatal one comes back as a
-:class:`~crewai_governor.failures.GovernedToolFailure` that stops the run -- see
-:mod:`crewai_governor.failures` for why.
+[`GovernedToolFailure`][crewai_governor.failures.GovernedToolFailure] that stops the run -- see
+[`crewai_governor.failures`][crewai_governor.failures] for why.
 
 The wrapper is a tool object of its own (``isinstance(agent.tools[0], MyTool)`` is False;
 ``.inner`` is your tool). Usage limits are counted on your tool: ``max_usage_count`` and
@@ -39,6 +39,7 @@ from pydantic import PrivateAttr
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
 from crewai_governor.failures import GovernedToolError, ensure_fatal_relay, failure_from_error, raise_governed
+from loop_governor.config import check_tool_list, not_a_tool
 
 __all__ = [
     "GovernedStructuredTool",
@@ -57,10 +58,10 @@ _names_lock = threading.Lock()
 
 
 def is_governed_name(tool_name: str, governor: lg.Governor | None = None) -> bool:
-    """Whether a tool of this (sanitized) name was wrapped by :func:`govern_tool`, by
+    """Whether a tool of this (sanitized) name was wrapped by [`govern_tool`][crewai_governor.tools.govern_tool], by
     ``governor`` or (``None``) by any governor.
 
-    A name says nothing about one particular tool object: prefer :func:`governor_of`.
+    A name says nothing about one particular tool object: prefer [`governor_of`][crewai_governor.tools.governor_of].
     """
     name = sanitize_tool_name(tool_name)
     with _names_lock:
@@ -70,7 +71,7 @@ def is_governed_name(tool_name: str, governor: lg.Governor | None = None) -> boo
 
 
 def governor_of(tool: Any) -> lg.Governor | None:
-    """The governor of a :class:`GovernedTool` (or of its structured form); else None."""
+    """The governor of a [`GovernedTool`][crewai_governor.tools.GovernedTool] (or of its structured form); else None."""
     if isinstance(tool, GovernedTool):
         return tool.governor
     original = getattr(tool, "_original_tool", None)
@@ -117,8 +118,8 @@ class GovernedStructuredTool(CrewStructuredTool):
 
     When a governed call failed, crewAI's ReAct loop runs the same call again at once on
     the same thread, up to five times; the governor already retried it, so those re-runs
-    get the same :class:`GovernedToolError` without a call. Any other call on the thread
-    ends that.
+    get the same [`GovernedToolError`][crewai_governor.failures.GovernedToolError] without a call. Any other call on the
+    thread ends that.
     """
 
     _reruns: threading.local = PrivateAttr(default_factory=threading.local)
@@ -149,7 +150,7 @@ class GovernedStructuredTool(CrewStructuredTool):
 
 
 class GovernedTool(BaseTool):
-    """A crewAI tool whose calls run through a :class:`loop_governor.Governor`.
+    """A crewAI tool whose calls run through a [`loop_governor.Governor`][loop_governor.governor.Governor].
 
     The governor and the wrapped tool are private attributes, so the tool's public
     fields (what crewAI renders, validates and serializes) are exactly the wrapped one's.
@@ -222,7 +223,7 @@ class GovernedTool(BaseTool):
 
     def _failure(self, exc: lg.AgentToolError) -> ToolFailure:
         """A fatal failure is returned for the relay hook to stop the run; any other is
-        raised, crewAI's signal for a failed call (see :mod:`crewai_governor.failures`)."""
+        raised, crewAI's signal for a failed call (see [`crewai_governor.failures`][crewai_governor.failures])."""
         ensure_fatal_relay()
         if isinstance(exc, lg.FatalError):
             return failure_from_error(exc)  # returned: crewAI would swallow it raised
@@ -291,6 +292,9 @@ def _cache_function_for(inner: BaseTool) -> Callable[..., bool]:
     return cache_unless_failure_then_inner
 
 
+_ACCEPTED = "a crewAI BaseTool (a plain function becomes one with crewai.tools.tool)"
+
+
 def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> GovernedTool:
     """Wrap one crewAI tool (a ``BaseTool`` subclass instance or an ``@tool`` function).
 
@@ -304,7 +308,7 @@ def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> Governed
             return tool
         tool = tool.inner
     if not isinstance(tool, BaseTool):
-        raise TypeError(f"govern_tool expects a crewai BaseTool (or an @tool function), got {type(tool).__name__}")
+        raise not_a_tool(tool, _ACCEPTED)
     with warnings.catch_warnings():
         # A closure cache_function can't be checkpointed by crewAI; the wrapped tool's
         # own one is kept, so the wrapper adds no new restriction.
@@ -331,12 +335,11 @@ def govern_tool(tool: BaseTool, governor: lg.Governor | None = None) -> Governed
 
 
 def govern_tools(tools: Iterable[BaseTool], governor: lg.Governor | None = None) -> list[GovernedTool]:
-    """:func:`govern_tool` for each tool, all sharing one governor (a single tool is
-    refused with a TypeError: pass ``[tool]`` or use :func:`govern_tool`)."""
-    if isinstance(tools, BaseTool | str | bytes):
-        raise TypeError(
-            f"govern_tools takes a list of tools, got a single {type(tools).__name__}: "
-            "pass [tool], or use govern_tool(tool, governor)"
-        )
+    """[`govern_tool`][crewai_governor.tools.govern_tool] for each tool, all sharing one governor (a single tool is
+    refused with a TypeError: pass ``[tool]`` or use [`govern_tool`][crewai_governor.tools.govern_tool])."""
+    listed = check_tool_list(tools, lambda t: isinstance(t, BaseTool), "govern_tools")
     gov = resolve_governor(governor)
-    return [govern_tool(t, gov) for t in tools]
+    for i, tool in enumerate(listed):  # every one checked before any is wrapped
+        if not isinstance(tool, BaseTool):
+            raise not_a_tool(tool, _ACCEPTED, f"tools[{i}]")
+    return [govern_tool(t, gov) for t in listed]  # type: ignore[arg-type]

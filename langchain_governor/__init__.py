@@ -1,7 +1,7 @@
 """LangChain / LangGraph adapter for loop-governor.
 
 Thin by design: governance (classification, retries, breakers, budgets, known-bad
-calls, checkpoints) lives in :mod:`loop_governor`; this package only plugs it into
+calls, checkpoints) lives in [`loop_governor`][loop_governor]; this package only plugs it into
 LangChain's extension points.
 """
 

@@ -13,7 +13,7 @@ governor and the model does. A fatal one (an exhausted quota, a revoked key) mus
 retried there: ``ModelRetryMiddleware`` inside the governor retries every
 ``ModelError.is_retryable`` exception (langchain-openai's quota error is a
 ``ModelRateLimitError``), so an exhausted quota reached the provider three times before
-the governor saw it. So the callback raises it on as a :class:`ModelStop`, a LangGraph
+the governor saw it. So the callback raises it on as a `ModelStop`, a LangGraph
 ``GraphBubbleUp`` -- which LangChain's retry and fallback middlewares pass through
 untouched -- and the governor unwraps it (one request, then the stop). LangChain logs an
 exception raised by a callback as a warning; that one line is ours and is filtered out.
@@ -99,7 +99,7 @@ register_configure_hook(_CAPTURE, inheritable=True)
 
 
 class _QuietRelay(logging.Filter):
-    """Drops LangChain's warning about the :class:`ModelStop` this callback raises on
+    """Drops LangChain's warning about the `ModelStop` this callback raises on
     purpose ("Error in PromptCapture.on_llm_error callback: ...")."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -115,7 +115,7 @@ def capture_prompt(
     record: bool = True, fatal: Callable[[BaseException], bool] | None = None
 ) -> Iterator[PromptCapture]:
     """Watch the chat-model calls made inside the block: their failures, and (``record``)
-    their prompts; a failure ``fatal`` says is fatal is raised on as a :class:`ModelStop`."""
+    their prompts; a failure ``fatal`` says is fatal is raised on as a `ModelStop`."""
     capture = PromptCapture(record, fatal)
     token = _CAPTURE.set(capture)
     try:

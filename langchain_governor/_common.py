@@ -65,7 +65,8 @@ def carry(exc: BaseException) -> Interrupted:
 
 
 def passthrough(value: Any) -> Any:
-    """Re-raise a control-flow exception that :class:`Interrupted` carried through."""
+    """Re-raise a control-flow exception that [`Interrupted`][langchain_governor._common.Interrupted] carried
+    through."""
     if isinstance(value, Interrupted):
         raise value.exc
     return value
@@ -106,6 +107,20 @@ def state_value(state: Any, key: str) -> Any:
     if isinstance(state, Mapping):
         return state.get(key)
     return getattr(state, key, None)
+
+
+def first_request(state: Any) -> str | None:
+    """The text of the run's first user message: a run without a ``thread_id`` is named
+    by what it was asked ("Summarise the docs"), not by a generated id."""
+    for message in state_value(state, "messages") or ():
+        if getattr(message, "type", None) != "human":
+            continue
+        content = getattr(message, "content", "")
+        if isinstance(content, list):  # content blocks: their text parts
+            content = " ".join(str(p.get("text", "")) if isinstance(p, Mapping) else str(p) for p in content)
+        text = str(content).strip()
+        return text or None
+    return None
 
 
 def new_task_id() -> str:
@@ -209,7 +224,8 @@ def tool_message_record(message: Any) -> Any:
 
 
 def tool_message_from_record(value: Any, tool_call_id: str | None) -> Any:
-    """The ToolMessage of :func:`tool_message_record` again, answering ``tool_call_id``."""
+    """The ToolMessage of [`tool_message_record`][langchain_governor._common.tool_message_record] again, answering
+    ``tool_call_id``."""
     if not (isinstance(value, dict) and value.get(_RECORD_MARK)):
         return value
     fields = {k: v for k, v in value.items() if k != _RECORD_MARK and v is not None}

@@ -4,7 +4,7 @@ A governor task (budgets, known-bad calls, the repeated-error guard, ``max_steps
 cover every model and tool call of one agent run. LangGraph runs each node in its own
 copy of the context, so a ``with governor.task(...)`` opened inside one node is gone in
 the next, and leaving it ends the task (the store forgets the task's state). So the
-adapter keeps one live :class:`loop_governor.TaskScope` per task id, entered once in a
+adapter keeps one live [`loop_governor.TaskScope`][loop_governor.scope.TaskScope] per task id, entered once in a
 context of its own, attaches it to each node while that node runs, and ends it when the
 run ends:
 
@@ -22,7 +22,8 @@ run ends:
   ``__interrupt__`` write pending on the thread's latest checkpoint), and then the task
   waits for the resume; otherwise it ends, with the error the checkpoint recorded if
   there is one. Where the checkpointer cannot be asked from there (an async-only saver
-  called from its event loop), the thread's next run ends it (:meth:`LiveTasks.begin`).
+  called from its event loop), the thread's next run ends it
+  ([`LiveTasks.begin`][langchain_governor._scopes.LiveTasks.begin]).
 
 A run paused by an interrupt inside the governor's nodes keeps its task: resuming the
 thread continues with the same known-bad memory and budgets.
@@ -141,7 +142,7 @@ class LiveTasks:
 
     ``on_end(task_id)`` runs after each task ends (the middleware drops its pruner).
     How the latest tasks ended is kept (bounded) for the answers to tool calls a run
-    left pending (:meth:`ended_how`)."""
+    left pending (`ended_how`)."""
 
     def __init__(
         self, governor: lg.Governor, resume: bool | None = None, on_end: Callable[[str], None] | None = None
@@ -164,11 +165,12 @@ class LiveTasks:
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._live
 
-    def scope(self, task_id: str) -> lg.TaskScope:
-        """The live scope for ``task_id``, opened (task_start) on first use."""
-        return self._entry(task_id).scope
+    def scope(self, task_id: str, name: Callable[[], str | None] | None = None) -> lg.TaskScope:
+        """The live scope for ``task_id``, opened (task_start) on first use, named by
+        ``name()`` then (asked only then: what a person reads for the task)."""
+        return self._entry(task_id, name).scope
 
-    def _entry(self, task_id: str) -> _Live:
+    def _entry(self, task_id: str, name: Callable[[], str | None] | None = None) -> _Live:
         with self._lock:
             entry = self._live.get(task_id)
             if entry is None:
@@ -176,7 +178,7 @@ class LiveTasks:
                 # scope can be exited later from whichever node ends the run (a copy of
                 # the node's context would hold the run's config, so the run, alive).
                 home = contextvars.Context()
-                scope = self.governor.task(task_id, resume=self.resume)
+                scope = self.governor.task(task_id, name=name() if name else None, resume=self.resume)
                 home.run(scope.__enter__)
                 entry = _Live(scope, home)
                 self._live[task_id] = entry
@@ -184,7 +186,7 @@ class LiveTasks:
 
     # -- a run's nodes ---------------------------------------------------------------------
 
-    def begin(self, task_id: str, run: RunInfo) -> None:
+    def begin(self, task_id: str, run: RunInfo, name: Callable[[], str | None] | None = None) -> None:
         """A new run of ``task_id`` starts (its ``before_agent``): a task an earlier run
         left live (that run ended without a word) ends first, then this run's opens."""
         self._sweep()
@@ -192,16 +194,18 @@ class LiveTasks:
             stale = self._live.get(task_id)
         if stale is not None and (stale.run is None or stale.run() is not run.handle):
             self.end(task_id, self._abandoned(stale))
-        entry = self._entry(task_id)
+        entry = self._entry(task_id, name)
         with self._lock:
             self._bind(task_id, entry, run)
             entry.first_step, entry.limit = run.step, run.limit
 
     @contextlib.contextmanager
-    def attached(self, task_id: str, run: RunInfo | None = None) -> Iterator[lg.TaskScope]:
+    def attached(
+        self, task_id: str, run: RunInfo | None = None, name: Callable[[], str | None] | None = None
+    ) -> Iterator[lg.TaskScope]:
         """Make the task current for the duration of one node (or one handler call)."""
         self._sweep()
-        entry = self._entry(task_id)
+        entry = self._entry(task_id, name)
         if run is not None:
             with self._lock:
                 self._bind(task_id, entry, run)
@@ -288,7 +292,7 @@ class LiveTasks:
 def _checkpointed_end(entry: _Live) -> BaseException | str | None:
     """How a checkpointed run that the governor did not see end ended, from its latest
     checkpoint: paused at an interrupt (``"paused"``), failed in a node (the error it
-    recorded), else as :meth:`LiveTasks._abandoned` says; None when the checkpointer
+    recorded), else as `LiveTasks._abandoned` says; None when the checkpointer
     cannot be asked here."""
     assert entry.checkpoint is not None
     saver, config = entry.checkpoint
@@ -312,7 +316,7 @@ _failed_classes: dict[str, type[RunFailed]] = {}
 
 def _failed(text: str) -> RunFailed:
     """The recorded error (its ``repr``, e.g. ``ToolCallLimitExceededError('...')``) as a
-    :class:`RunFailed` named like it, so ``task_end`` names the class that ended the run."""
+    `RunFailed` named like it, so ``task_end`` names the class that ended the run."""
     match = re.match(r"([A-Za-z_]\w*)\((.*)\)$", text.strip(), re.S)
     name, message = (match.group(1), match.group(2).strip("'\"")) if match else ("RunFailed", text)
     cls = _failed_classes.get(name)

@@ -10,8 +10,8 @@ LangChain's callback stream into governor events:
 * ``tool_start`` / ``tool_end`` -- tool name, tool-call id, duration, status and, on
   error, the classified error type and signature (messages are redacted).
 
-Use it *or* :class:`GovernorMiddleware`'s model events on a ``create_agent`` agent, not
-both, or each model call is recorded twice.
+Use it *or* [`GovernorMiddleware`][langchain_governor.middleware.GovernorMiddleware]'s model events on a
+``create_agent`` agent, not both, or each model call is recorded twice.
 """
 
 from __future__ import annotations

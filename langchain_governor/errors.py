@@ -1,16 +1,16 @@
 """What a governed failure becomes inside LangGraph: a fatal stop, or a typed tool error.
 
-A plain :class:`loop_governor.FatalError` raised by a tool is an ordinary exception to
+A plain [`loop_governor.FatalError`][loop_governor.errors.FatalError] raised by a tool is an ordinary exception to
 LangGraph: ``ToolNode(handle_tool_errors=True)`` (common with ``create_react_agent``)
 turns it into a ``ToolMessage`` and the run goes on with bad credentials. LangGraph lets
 only its control-flow exceptions (``GraphBubbleUp``: interrupts, parent commands)
 through every error handler, retry policy and node boundary, up to the caller of
-``invoke`` / ``stream``. :class:`GovernedFatalError` is both: LangGraph passes it
-through, and ``except lg.FatalError`` (or the specific class it stands for, such as
+``invoke`` / ``stream``. [`GovernedFatalError`][langchain_governor.errors.GovernedFatalError] is both: LangGraph passes
+it through, and ``except lg.FatalError`` (or the specific class it stands for, such as
 ``lg.BudgetExhaustedError``) still catches it.
 
 A non-fatal governed failure inside a LangGraph run is raised as a
-:class:`GovernedToolError`: LangGraph's ``ToolNode`` turns it into
+[`GovernedToolError`][langchain_governor.errors.GovernedToolError]: LangGraph's ``ToolNode`` turns it into
 ``ToolMessage(status="error")`` holding the governor's JSON (it is a
 ``ToolInvocationError``, which the default error handler answers with its
 ``.message``), while a ``ToolErrorMiddleware``, a ``ToolRetryMiddleware`` or a user's retry
@@ -35,11 +35,11 @@ __all__ = ["GovernedFatalError", "GovernedToolError", "fatal_stop", "model_error
 
 
 class GovernedFatalError(lg.FatalError, GraphBubbleUp):
-    """A :class:`loop_governor.FatalError` that LangGraph lets through to the caller.
+    """A [`loop_governor.FatalError`][loop_governor.errors.FatalError] that LangGraph lets through to the caller.
 
     ``.info`` (and, for a budget stop, ``.partial_results``) are the original error's; the
     original is also the ``__cause__``. For a subclass of ``FatalError`` the raised object
-    is an instance of that subclass too (see :func:`fatal_stop`).
+    is an instance of that subclass too (see [`fatal_stop`][langchain_governor.errors.fatal_stop]).
     """
 
     stands_for: ClassVar[type[lg.FatalError]] = lg.FatalError
@@ -85,7 +85,8 @@ def _variant(cls: type[lg.FatalError]) -> type[GovernedFatalError]:
 
 
 def fatal_stop(exc: lg.FatalError) -> GovernedFatalError:
-    """``exc`` as a :class:`GovernedFatalError` of its own class (``exc`` if it is one)."""
+    """``exc`` as a [`GovernedFatalError`][langchain_governor.errors.GovernedFatalError] of its own class (``exc`` if it
+    is one)."""
     if isinstance(exc, GovernedFatalError):
         return exc
     return _rebuild(type(exc), exc.__dict__, exc.args)
@@ -107,11 +108,11 @@ class GovernedToolError(ToolException):
     loop detected), raised out of a governed tool run inside LangGraph.
 
     ``str()`` and ``.message`` are the governor's model-facing JSON; ``.error`` is the
-    :class:`loop_governor.AgentToolError` (``.error.info`` the classification) and
+    [`loop_governor.AgentToolError`][loop_governor.errors.AgentToolError] (``.error.info`` the classification) and
     ``__cause__`` the tool's own exception, when there was one. A raised object is an
     instance of the tool exception's class too, under its name and with its attributes,
-    where Python can combine the two classes (see :func:`tool_error`), so handlers that
-    match the tool's exception keep matching.
+    where Python can combine the two classes (see `tool_error`), so handlers
+    that match the tool's exception keep matching.
 
     Raised from the tool, it is a plain ``ToolException`` that climbs through every
     ``wrap_tool_call`` middleware (a ``ToolErrorMiddleware`` formats it, a
@@ -165,8 +166,8 @@ _Answerable.__name__ = _Answerable.__qualname__ = "GovernedToolError"
 
 
 def tool_error(error: lg.AgentToolError, *, answerable: bool, cause: BaseException | None = None) -> GovernedToolError:
-    """``error`` as a :class:`GovernedToolError` (answerable by a ToolNode or not) that is
-    also an instance of the class of the tool's own exception (``cause``, by default the
+    """``error`` as a [`GovernedToolError`][langchain_governor.errors.GovernedToolError] (answerable by a ToolNode or
+    not) that is also an instance of the class of the tool's own exception (``cause``, by default the
     error's ``__cause__``) where the classes combine."""
     cause = cause if cause is not None else error.__cause__
     base: type[BaseException] = _Answerable if answerable else GovernedToolError
@@ -194,8 +195,8 @@ def answerable(exc: GovernedToolError) -> GovernedToolError:
 
 def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
     """A governed model call's failure as it leaves ``create_agent``: the governor's typed
-    error (``.info``; a fatal one as a :class:`GovernedFatalError`, so LangGraph lets it
-    through to the caller) that is also an instance of the model's own exception class
+    error (``.info``; a fatal one as a [`GovernedFatalError`][langchain_governor.errors.GovernedFatalError], so
+    LangGraph lets it through to the caller) that is also an instance of the model's own exception class
     where Python can combine the two -- ``except lg.FatalError`` and
     ``except openai.AuthenticationError`` both catch a revoked key, and a middleware or a
     caller matching the model's exceptions keeps matching. A stop whose model exception is

@@ -4,8 +4,8 @@ LangGraph's checkpointer saves a tool's result only after the tool node finished
 process killed between the tool's side effect (an e-mail sent, a row written, a file
 appended) and that save leaves no trace of the call, and ``agent.invoke(None, config)``
 runs the tool again: the side effect happens twice. The journal closes that window:
-:class:`ToolJournalMiddleware` writes each finished call's ``ToolMessage`` to a
-checkpoint store atomically *before* handing it back to LangGraph, and on resume returns
+[`ToolJournalMiddleware`][langchain_governor.journal.ToolJournalMiddleware] writes each finished call's ``ToolMessage``
+to a checkpoint store atomically *before* handing it back to LangGraph, and on resume returns
 the journaled message instead of running the tool.
 
 What is left: a kill between the tool's own return and the journal write (microseconds,
@@ -18,11 +18,11 @@ asked again on resume, and its new tool calls (new ids) are new calls to the jou
 Entries are keyed on (thread_id, id of the AIMessage that asked, tool_call_id) and
 checked against the tool name and arguments: some providers number tool-call ids per
 message (``call_0`` again on the next turn), so the call id alone could hand back an
-older call's result. The journal is stored through :mod:`loop_governor.checkpoint`
+older call's result. The journal is stored through [`loop_governor.checkpoint`][loop_governor.checkpoint]
 (one ``TaskCheckpoint`` per thread): JSON only, redacted, atomic, and a corrupt journal
 raises instead of being silently reset (a reset would repeat side effects).
 
-Usage, with the journal outermost so a replayed call is not governed (or counted) again::
+Usage, with the journal outermost so a replayed call is not governed (or counted) again:
 
     journal = ToolCallJournal("sqlite:///agent-journal.db")
     agent = create_agent(model, tools, checkpointer=SqliteSaver(conn),
@@ -79,8 +79,8 @@ class ToolCallJournal:
     store (a concurrent writer of the same thread is merged, never overwritten).
 
     Args:
-        store: a :class:`loop_governor.checkpoint.CheckpointStore`, or a store URL
-            (``sqlite:///journal.db``, ``file:///dir``, ``redis://...``).
+        store: a `loop_governor.checkpoint.CheckpointStore`, or a store
+            URL (``sqlite:///journal.db``, ``file:///dir``, ``redis://...``).
         namespace: prefix of the checkpoint task ids (``<namespace>:<thread_id>``), so a
             journal can share a store with task checkpoints.
         cache_threads: how many threads' journals are kept decoded in memory (LRU);
@@ -180,7 +180,7 @@ class ToolJournalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     ``Command`` is not journaled (a Command can carry graph jumps that are not JSON).
 
     Args:
-        journal: a :class:`ToolCallJournal`, a checkpoint store, or a store URL.
+        journal: a [`ToolCallJournal`][langchain_governor.journal.ToolCallJournal], a checkpoint store, or a store URL.
         governor: if given, a replayed call is reported as a ``tool_call`` event with
             ``resumed=True`` (the same shape the core emits for a checkpointed call).
     """

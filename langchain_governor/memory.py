@@ -2,12 +2,12 @@
 
 Both keep the stored history complete and hand the model a pruned *copy*:
 
-* :func:`make_pre_model_hook` -- for LangGraph agents built with a ``pre_model_hook``
-  (``langgraph.prebuilt.create_react_agent`` or a hand-built graph): returns
+* [`make_pre_model_hook`][langchain_governor.memory.make_pre_model_hook] -- for LangGraph agents built with a
+  ``pre_model_hook`` (``langgraph.prebuilt.create_react_agent`` or a hand-built graph): returns
   ``{"llm_input_messages": pruned}``, which LangGraph sends to the model without
   writing it to state;
-* :class:`GovernedChatMessageHistory` -- wraps any ``BaseChatMessageHistory`` (for
-  ``RunnableWithMessageHistory``): ``.messages`` is the pruned view, writes go to the
+* [`GovernedChatMessageHistory`][langchain_governor.memory.GovernedChatMessageHistory] -- wraps any
+  ``BaseChatMessageHistory`` (for ``RunnableWithMessageHistory``): ``.messages`` is the pruned view, writes go to the
   wrapped history untouched, ``.full_messages`` is everything.
 
 The pruner (``loop_governor.context.ContextPruner``) is stateful by design (it moves the

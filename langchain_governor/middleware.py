@@ -4,14 +4,14 @@ Without it a ``ValueError`` raised by any tool aborts a ``create_agent`` run (on
 argument-validation errors come back to the model). With it:
 
 * every tool call's *tool* runs governed: the middleware hands the calls below it a
-  governed copy of the tool (:class:`~langchain_governor.tools.GovernedTool`), so the
+  governed copy of the tool ([`GovernedTool`][langchain_governor.tools.GovernedTool]), so the
   governor retries the tool itself, below every other middleware -- a human approval,
   a guard or a result transformer inside runs once per call, and exceptions raised by
   other middlewares are theirs, passed through unclassified. A non-fatal failure is
-  raised as :class:`~langchain_governor.errors.GovernedToolError`, which the ToolNode turns
+  raised as [`GovernedToolError`][langchain_governor.errors.GovernedToolError], which the ToolNode turns
   into ``ToolMessage(status="error")`` holding the governor's JSON and which a
   ``ToolErrorMiddleware``/``ToolRetryMiddleware`` around it can still catch; a
-  :class:`loop_governor.FatalError` propagates and stops the run;
+  [`loop_governor.FatalError`][loop_governor.errors.FatalError] propagates and stops the run;
 * every model call is a governed model call (``governor.call_model``): one iteration of
   the task's budgets, classified failures, retries with backoff and Retry-After, the
   endpoint's breaker and rate limits, ``FatalError`` for credentials/billing/quota, one
@@ -28,7 +28,7 @@ and that changes a tool-less agent's graph; so the tool hooks exist only on the 
 ``GovernorMiddleware(...)`` builds by default, and ``govern_tool_calls=False`` gives a
 chat-only agent (tracing, pruning, step budgets) one without them.
 
-Tools already wrapped with :func:`langchain_governor.govern_tool` are governed by
+Tools already wrapped with [`langchain_governor.govern_tool`][langchain_governor.tools.govern_tool] are governed by
 their wrapper; the middleware only opens the task scope for them (no double retries).
 """
 
@@ -58,6 +58,7 @@ import loop_governor as lg
 from langchain_governor._capture import ModelStop, PromptCapture, capture_prompt
 from langchain_governor._common import (
     STATE_TASK_KEY,
+    first_request,
     new_task_id,
     resolve_governor,
     state_value,
@@ -254,7 +255,8 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             task_id = new_task_id()
             update[STATE_TASK_KEY] = task_id
         if self.governor.current_task() is None:
-            self._tasks.begin(str(task_id), self._run_info(runtime))
+            name = lambda: self._thread_id(runtime) or first_request(state)  # noqa: E731
+            self._tasks.begin(str(task_id), self._run_info(runtime), name)
         answered = self._answer_pending(state_value(state, "messages") or [], str(task_id))
         if answered is not None:
             update["messages"] = answered
@@ -337,7 +339,9 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             return
         task_id = self._task_id(state, runtime)
         try:
-            with self._tasks.attached(task_id, self._run_info(runtime)) as scope:
+            with self._tasks.attached(
+                task_id, self._run_info(runtime), lambda: self._thread_id(runtime) or first_request(state)
+            ) as scope:
                 yield scope
         except BaseException as exc:
             if isinstance(exc, GraphBubbleUp) and not isinstance(exc, lg.FatalError):
@@ -373,7 +377,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
 
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
         """The request as the ladder offers it once tools are withdrawn
-        (:func:`loop_governor.ladder.tool_offer`): without the withdrawn tools; with every
+        ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn tools; with every
         tool withdrawn and tool history in the conversation, the tools stay defined and an
         OpenAI model is told ``tool_choice="none"``."""
         offer = tool_offer(scope, request.tools, request.messages)
@@ -406,7 +410,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
 
     def _fatal_for(self, request: ModelRequest[Any]) -> Callable[[BaseException], bool]:
         """Whether a chat model's failure is fatal, as the governor will classify it for
-        this request's endpoint (see :mod:`langchain_governor._capture`)."""
+        this request's endpoint (see `langchain_governor._capture`)."""
         rt = self.governor.rt
         endpoint = self._copies(request.model)[1]
         policy = rt.policy("model", endpoint)
@@ -585,7 +589,7 @@ def _checkpoint_of(config: Any) -> tuple[Any, dict[str, Any]] | None:
 
 def stop_error(stop: lg.FatalError) -> lg.FatalError:
     """A task's stop as the run raises it: LangGraph's pass-through form of its class
-    (:func:`~langchain_governor.errors.fatal_stop`), its cause the governor's error."""
+    (`fatal_stop`), its cause the governor's error."""
     if isinstance(stop, GovernedFatalError):
         return stop
     raised = fatal_stop(stop)

@@ -1,6 +1,6 @@
 """Governed LangChain tools: the same tool to the model, a governed call underneath.
 
-``govern_tool(t)`` returns a :class:`GovernedTool`, a ``BaseTool`` that looks exactly
+``govern_tool(t)`` returns a [`GovernedTool`][langchain_governor.tools.GovernedTool], a ``BaseTool`` that looks exactly
 like ``t`` to a model and to LangChain (same name, description, ``args_schema`` object,
 response format, tags, metadata), so it drops into ``create_agent``, ``ToolNode``,
 ``AgentExecutor`` or ``bind_tools`` unchanged. Underneath, every run goes through
@@ -16,7 +16,7 @@ trace); calling its ``_run`` keeps the wrapper within a few percent of the plain
 
 How a non-fatal governed failure comes out depends on who called. Run by a LangGraph
 ``ToolNode`` (``create_agent``, ``create_react_agent``, a graph of your own) it is raised as a
-:class:`~langchain_governor.errors.GovernedToolError`, which the ToolNode's error handling
+[`GovernedToolError`][langchain_governor.errors.GovernedToolError], which the ToolNode's error handling
 answers (by default with the governor's JSON). Called directly (``invoke`` outside a
 ToolNode, a legacy ``AgentExecutor``) it comes back as content: an error ``ToolMessage``
 for a tool call, the JSON text otherwise.
@@ -66,6 +66,7 @@ from langchain_governor._common import (
     tool_message_record,
 )
 from langchain_governor.errors import GovernedFatalError, GovernedToolError, fatal_stop, tool_error
+from loop_governor.config import check_tool_list, not_a_tool
 
 __all__ = ["GovernedTool", "GovernedToolError", "govern_tool", "govern_tools"]
 
@@ -138,13 +139,13 @@ class _Outcomes:
 
 
 class GovernedTool(BaseTool):
-    """A ``BaseTool`` whose runs go through a :class:`loop_governor.Governor`.
+    """A ``BaseTool`` whose runs go through a [`loop_governor.Governor`][loop_governor.governor.Governor].
 
     Non-fatal governed failures are raised as
-    :class:`~langchain_governor.errors.GovernedToolError` inside a LangGraph run and come
+    [`GovernedToolError`][langchain_governor.errors.GovernedToolError] inside a LangGraph run and come
     back as content otherwise (``ToolMessage(status="error")`` for tool calls); a fatal one
     propagates and stops the run, as a
-    :class:`~langchain_governor.errors.GovernedFatalError` (a ``loop_governor.FatalError``
+    [`GovernedFatalError`][langchain_governor.errors.GovernedFatalError] (a ``loop_governor.FatalError``
     that LangGraph's ``ToolNode(handle_tool_errors=True)`` cannot swallow).
     The inner tool's own ``handle_tool_error`` is bypassed on purpose: the governor's
     structured error replaces free-text error strings.
@@ -350,18 +351,42 @@ def _inner_kwargs(
 def govern_tool(
     tool: BaseTool | Callable[..., Any], governor: lg.Governor | None = None, *, raise_errors: bool = False
 ) -> GovernedTool:
-    """Wrap one tool (a ``BaseTool`` or a plain function with a docstring).
+    """Wrap one tool so every call of it is governed (the same name, description and schema).
 
-    ``raise_errors=True``: see :attr:`GovernedTool.raise_errors`. Wrapping a
-    :class:`GovernedTool` again re-wraps its inner tool, so a tool is never governed twice.
+    Wrapping a governed tool again re-wraps its inner tool, so a tool is never governed twice.
+
+    Args:
+        tool: a LangChain ``BaseTool``, or a plain function with a docstring (it becomes one
+            as ``@tool`` makes it); anything else is a TypeError naming ``tool``.
+        governor: the governor; ``None`` uses the process-wide default one.
+        raise_errors: raise non-fatal governed failures to the middlewares around the call
+            (a ``ToolErrorMiddleware`` or ``ToolRetryMiddleware`` sees them) instead of
+            answering the model at the ToolNode; ``GovernorMiddleware`` does this for
+            every call it wraps.
     """
     gov = resolve_governor(governor)
     if isinstance(tool, GovernedTool):
         if tool.governor is gov and tool.raise_errors == raise_errors:
             return tool
         return GovernedTool.wrap(tool.inner, gov, raise_errors=raise_errors)
-    base = tool if isinstance(tool, BaseTool) else as_tool(tool)
-    return GovernedTool.wrap(base, gov, raise_errors=raise_errors)
+    return GovernedTool.wrap(_as_base_tool(tool, "tool"), gov, raise_errors=raise_errors)
+
+
+_ACCEPTED = "a LangChain BaseTool or a function with a docstring"
+
+
+def _as_base_tool(tool: object, parameter: str) -> BaseTool:
+    """``tool`` as a BaseTool (a function becomes one, as ``@tool`` makes it), or a
+    TypeError naming ``parameter``: LangChain's ``tool("search")`` would return a decorator
+    and the failure would surface only at the agent's first step."""
+    if isinstance(tool, BaseTool):
+        return tool
+    if isinstance(tool, type) or not callable(tool) or not hasattr(tool, "__name__"):
+        raise not_a_tool(tool, _ACCEPTED, parameter)
+    try:
+        return as_tool(tool)
+    except (TypeError, ValueError) as exc:  # no docstring, an unsupported signature
+        raise TypeError(f"{parameter}: {tool.__name__} cannot become a LangChain tool: {exc}") from exc
 
 
 def govern_tools(
@@ -370,11 +395,9 @@ def govern_tools(
     """Wrap every tool with the same governor (shared breakers, budgets and task state).
 
     ``tools`` is a list (or any iterable) of tools: a single tool is refused with a
-    TypeError (use :func:`govern_tool` for one)."""
-    if isinstance(tools, BaseTool) or callable(tools) or isinstance(tools, str | bytes):
-        raise TypeError(
-            f"govern_tools takes a list of tools, got a single {type(tools).__name__}: "
-            "pass [tool], or use govern_tool(tool, governor)"
-        )
+    TypeError (use [`govern_tool`][langchain_governor.tools.govern_tool] for one)."""
+    listed = check_tool_list(tools, lambda t: isinstance(t, BaseTool), "govern_tools")
     gov = resolve_governor(governor)
-    return [govern_tool(t, gov, raise_errors=raise_errors) for t in tools]
+    # every one checked before any is wrapped, a misfit named by its position
+    checked = [_as_base_tool(tool, f"tools[{i}]") for i, tool in enumerate(listed)]
+    return [govern_tool(t, gov, raise_errors=raise_errors) for t in checked]

@@ -2,7 +2,7 @@
 
 Tool and model failures become typed signals (transient / permanent / fatal) with
 retries, backoff, a task retry budget, circuit breakers and shared rate limits; see
-:class:`Governor` (``call`` for tools, ``call_model`` for model calls).
+[`Governor`][loop_governor.governor.Governor] (``call`` for tools, ``call_model`` for model calls).
 """
 
 from loop_governor.classify import ErrorInfo, Rule, classify, normalize_message

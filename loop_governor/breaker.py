@@ -178,7 +178,7 @@ class Breaker(AttemptPolicy):
                     raise Refused("budget")  # before a probe is taken, not after (RetryBudget refuses it)
             admission, transition = rt.store.breaker_admit(key, rt.clock, call.policy.breaker)
             if transition is not None:
-                self.transition(key, transition)
+                self.transition(key, transition, call)
         if not admission.allowed:
             wait = admission.retry_in
             if admission.state is BreakerState.HALF_OPEN:
@@ -249,7 +249,16 @@ class Breaker(AttemptPolicy):
         rt = self.rt
         transition = rt.store.breaker_record(call.breaker_key, ok, probe, rt.clock(), call.policy.breaker)
         if transition is not None:
-            self.transition(call.breaker_key, transition)
+            # the failure that opened it (or kept it open), in the tool's own words
+            self.transition(call.breaker_key, transition, call, None if ok or call.info is None else call.info.message)
 
-    def transition(self, key: str, transition: Transition) -> None:
-        self.rt.events.emit("breaker", tool=key, from_state=transition[0].value, to_state=transition[1].value)
+    def transition(self, key: str, transition: Transition, call: Call, message: str | None = None) -> None:
+        opened = transition[1] is BreakerState.OPEN
+        self.rt.events.emit(
+            "breaker",
+            tool=key,
+            from_state=transition[0].value,
+            to_state=transition[1].value,
+            message=message,
+            cooldown_s=call.policy.breaker.cooldown_s if opened else None,
+        )

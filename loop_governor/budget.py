@@ -2,14 +2,14 @@
 
 Every budget is a hard stop, checked *before* the call it would exceed, so a cap is
 exact: ``max_steps=4`` lets 4 agent iterations run and refuses the 5th model call with
-:class:`~loop_governor.errors.BudgetExhaustedError`, carrying the partial results.
+[`BudgetExhaustedError`][loop_governor.errors.BudgetExhaustedError], carrying the partial results.
 
 An iteration is what the frameworks' own loops count: one model decision and the tool
 calls it asked for. A task whose tools are governed but whose model is not (plain
 Python, a legacy executor) has no decisions to count, so there every tool call is an
 iteration of its own.
 
-:class:`RetryBudget` is the task-level retry budget shared by every tool and model call
+[`RetryBudget`][loop_governor.budget.RetryBudget] is the task-level retry budget shared by every tool and model call
 of the task: retries beyond it are not made, whatever the per-call attempt limit says.
 """
 

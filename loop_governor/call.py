@@ -1,21 +1,21 @@
 """One governed call as a value, and the two shapes a policy can take.
 
-A governed call -- of a tool or of a model -- is described by one :class:`Call`: its
+A governed call -- of a tool or of a model -- is described by one [`Call`][loop_governor.call.Call]: its
 kind, the name the breaker and rate limit key on, the task scope, the resolved settings
 and what the call learns on its way (attempts, the last failure's classification, why
 retrying stopped). Policies read and annotate it; nothing else is threaded through.
 
 Policies come in two shapes, each with at most three moments:
 
-* a :class:`Policy` wraps the whole call: ``before`` (may refuse by raising a governed
-  error, or short-circuit with :class:`Resumed`), ``after_failure`` (may record, or
+* a [`Policy`][loop_governor.call.Policy] wraps the whole call: ``before`` (may refuse by raising a governed
+  error, or short-circuit with [`Resumed`][loop_governor.call.Resumed]), ``after_failure`` (may record, or
   replace the outcome with a stronger one) and ``after_success`` (may record, annotate
   the result, or stop the run);
-* an :class:`AttemptPolicy` wraps each attempt inside the retry loop: ``before_attempt``
-  (may refuse with :class:`Refused`, or ask the caller to wait), ``after_attempt_failure``
+* an [`AttemptPolicy`][loop_governor.call.AttemptPolicy] wraps each attempt inside the retry loop: ``before_attempt``
+  (may refuse with [`Refused`][loop_governor.call.Refused], or ask the caller to wait), ``after_attempt_failure``
   (may veto further retries) and ``after_attempt_success``.
 
-tenacity owns the retry decision between attempts (see :mod:`loop_governor.retry`).
+tenacity owns the retry decision between attempts (see [`loop_governor.retry`][loop_governor.retry]).
 The base classes' moments do nothing, and the chain skips a moment a policy does not
 override, so a policy with nothing to do costs nothing.
 """
@@ -114,6 +114,7 @@ class Call:
     fallback_from: str | None = None
     next_fallback = 0
     warned = False  # a guard already told the model about this call (one note per result)
+    fixed: bool | None = None  # whether this success may have fixed something (fixes.did_something)
     _same_decision: bool | None = None
     _args_shape: int | None = None
     _args_text: str | None = None
@@ -164,14 +165,14 @@ class Call:
 
     @property
     def args_signature(self) -> tuple[int, int]:
-        """Normalized arguments, walking ones masked (see :mod:`loop_governor.fingerprint`)."""
+        """Normalized arguments, walking ones masked (see [`loop_governor.fingerprint`][loop_governor.fingerprint])."""
         if self._args_sig is None:
             self._args_sig = args_signature(self.args, self.kwargs)
         return self._args_sig
 
     @property
     def subject(self) -> tuple[int, int]:
-        """``(entity, content)`` of the arguments (see :func:`~loop_governor.fingerprint.args_subject`):
+        """``(entity, content)`` of the arguments (see [`args_subject`][loop_governor.fingerprint.args_subject]):
         calls with the same entity ask the same question, revised or not. Computed on first use
         (a repeat or a failure asks for it, a healthy call never does)."""
         if self._subject is None:
@@ -195,7 +196,7 @@ class Call:
     @property
     def args_text(self) -> str:
         """The arguments as text ("" when an argument's repr fails), computed once: the
-        shape and :func:`~loop_governor.fingerprint.walks` both read it."""
+        shape and [`walks`][loop_governor.fingerprint.walks] both read it."""
         text = self._args_text
         if text is None:
             text = self._args_text = args_text(self.args, self.kwargs) or ""
@@ -310,7 +311,7 @@ def programming_error(exc: BaseException) -> bool:
 
 
 class Refused(Exception):
-    """An :class:`AttemptPolicy` refused an attempt. On the first attempt ``error`` is the
+    """An [`AttemptPolicy`][loop_governor.call.AttemptPolicy] refused an attempt. On the first attempt ``error`` is the
     call's outcome; on a retry the call ends with its last failure, ``reason`` saying why.
     Internal: it never escapes the governor."""
 
@@ -345,7 +346,8 @@ class AttemptPolicy:
     rated_only: ClassVar[bool] = False  # True: only calls with a rate limit need this policy
 
     def before_attempt(self, call: Call) -> float:
-        """Seconds to wait before asking again (0: go ahead); raise :class:`Refused` to refuse."""
+        """Seconds to wait before asking again (0: go ahead); raise [`Refused`][loop_governor.call.Refused] to
+        refuse."""
         return 0.0
 
     def after_attempt_failure(self, call: Call) -> None:

@@ -1,6 +1,5 @@
 """The governed call as a chain of policies: composed once, run for every call.
 
-::
 
     call policies .before           (resume, known-bad replay, budgets)
       for each endpoint (a model's fallbacks after it):
@@ -10,7 +9,7 @@
     call policies .after_success / .after_failure   (events, checkpoint, known-bad,
                                                      repeated errors, no progress)
 
-A :class:`Plan` holds, per kind of call and per "inside a task or not", only the moments
+A [`Plan`][loop_governor.chain.Plan] holds, per kind of call and per "inside a task or not", only the moments
 some policy overrides, so a policy with nothing to do costs nothing. The sync and async
 drivers share every decision (the helpers below); they differ only where one sleeps or
 awaits.
@@ -166,7 +165,7 @@ class Chain:
         raise foreign  # not the call's failure: as it came, outside the except block
 
     async def arun(self, call: Call) -> Any:
-        """Async twin of :meth:`run` (same decisions; awaits the attempts and the waits)."""
+        """Async twin of [`run`][loop_governor.chain.Chain.run] (same decisions; awaits the attempts and the waits)."""
         plan = self.plan(call)
         resumed = self._open(plan, call)
         if resumed is not None:

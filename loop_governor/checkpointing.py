@@ -1,6 +1,6 @@
 """Checkpoint glue of the governed call: resume finished calls, record new ones, save on a stop.
 
-The checkpoint itself (model, stores, atomic writes) is :mod:`loop_governor.checkpoint`;
+The checkpoint itself (model, stores, atomic writes) is [`loop_governor.checkpoint`][loop_governor.checkpoint];
 this module is what a governed call does with it: a call the task already finished
 returns its stored result without running; a success is recorded and saved; a run that
 stops (fatal error, budget, no progress) saves what it did before the error leaves.
@@ -49,7 +49,8 @@ def update_checkpoint(rt: Runtime, scope: TaskScope, record: Callable[[TaskCheck
 
 
 def _save_locked(rt: Runtime, scope: TaskScope, cp: TaskCheckpoint) -> tuple[str, dict[str, Any]] | None:
-    """The save of :func:`update_checkpoint` (lock held); returns the event to emit."""
+    """The save of [`update_checkpoint`][loop_governor.checkpointing.update_checkpoint] (lock held); returns the event
+    to emit."""
     store = rt.checkpoints
     if store is None:
         return None

@@ -932,6 +932,8 @@ def _classify(exc: BaseException, tool: str | None, rules: Sequence[Rule], unkno
     exc_type = type(best_exc).__name__
     raw = _safe_str(best_exc)
     message = redact(raw or best_text or exc_type)
+    if kind is ErrorType.FATAL and not code:
+        code = _fatal_code(status_out, message, exc_type)
     transient = kind is ErrorType.TRANSIENT
     low_code = (code or "").lower()
     throttled = transient and (
@@ -963,6 +965,31 @@ def _classify(exc: BaseException, tool: str | None, rules: Sequence[Rule], unkno
         throttled=throttled,
         overloaded=overloaded,
     )
+
+
+# A fatal failure without a code of its own gets one from its status, so every stop has a
+# ``.code`` to branch on (``stop.info.code == "unauthorized"``), whatever the tool raised.
+_FATAL_STATUS_CODES = {
+    401: "unauthorized",
+    402: "payment_required",
+    403: "forbidden",
+    407: "proxy_authentication_required",
+}
+_FATAL_TEXT_CODES = (
+    (re.compile(r"quota|billing|credit|payment|plan", re.I), "insufficient_quota"),
+    (re.compile(r"api[ _-]?key|token|credential|unauthori[sz]ed|unauthenticated|auth", re.I), "unauthorized"),
+)
+
+
+def _fatal_code(status: int | None, message: str, exc_type: str) -> str:
+    """The code of a fatal failure that brought none: by its status, else by its words,
+    else its exception's class (``MemoryError`` -> ``memory_error``)."""
+    if status in _FATAL_STATUS_CODES:
+        return _FATAL_STATUS_CODES[status]
+    for pattern, code in _FATAL_TEXT_CODES:
+        if pattern.search(message):
+            return code
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", exc_type).lower() or "fatal"
 
 
 def _throttle_type(exc: BaseException) -> bool:

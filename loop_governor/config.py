@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -41,7 +42,12 @@ MAX_MODEL_CALLS = 500
 POLL_MAX_CALLS = 60
 POLL_MAX_WALL_S = 3600.0
 # Tools that only let time pass: repeating them is what they are for (never a loop).
-WAIT_TOOL = re.compile(r"(?:^|[_\-.])(?:wait|sleep|pause|delay)(?:$|[_\-.])", re.I)
+# Only a name whose verb is the wait (``wait``, ``sleep_seconds``, ``wait_for_job``), not one
+# that acts on a thing (``pause_subscription``, ``delay_shipment``, ``get_flight_delay``).
+WAIT_TOOL = re.compile(
+    r"\A(?:wait|sleep|pause|delay)(?:\Z|[_\-.](?:for|seconds?|secs?|ms|millis|minutes?|mins?|time|a_bit|until|s)\b)",
+    re.I,
+)
 
 
 class _CallOverrides(BaseModel):
@@ -421,6 +427,42 @@ def warn_unknown_env(fields: Any, environ: Any = None) -> list[str]:
 
 def _kind(value: object) -> str:
     return f"the class {value.__name__}" if isinstance(value, type) else type(value).__name__
+
+
+def _shown(value: object) -> str:
+    """A misused value as an error message names it: its type, and a string's text."""
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    name = getattr(value, "__name__", None)
+    if callable(value) and not isinstance(value, type) and isinstance(name, str):
+        return f"the function {name}"
+    return _kind(value)
+
+
+def check_tool_list(tools: object, single: Callable[[object], bool], function: str) -> list[object]:
+    """``tools`` (an adapter's ``govern_tools`` argument) as a list, or a TypeError naming
+    the parameter: a single tool (``single(tools)``), a function, a string, a mapping or
+    anything not iterable is refused at construction, not at the agent's first step."""
+    if single(tools) or callable(tools) or isinstance(tools, str | bytes | Mapping) or tools is None:
+        raise TypeError(
+            f"{function}: tools must be a list of tools, got {_shown(tools)}: "
+            f"pass [tool], or use {function.removesuffix('s')}(tool, governor)"
+        )
+    if not isinstance(tools, Iterable):
+        raise TypeError(f"{function}: tools must be a list of tools, got {_shown(tools)}")
+    try:
+        return list(tools)
+    except TypeError:
+        raise TypeError(f"{function}: tools must be a list of tools, got {_shown(tools)}") from None
+
+
+def not_a_tool(tool: object, accepted: str, parameter: str = "tool") -> TypeError:
+    """The TypeError, naming ``parameter``, for a value that is no tool (``accepted`` says
+    what is): a tool's name passed instead of the tool, a class instead of an instance."""
+    hint = " (pass the tool object, not its name)" if isinstance(tool, str) else ""
+    if isinstance(tool, type):
+        hint = " (pass an instance, not the class)"
+    return TypeError(f"{parameter} must be {accepted}, got {_shown(tool)}{hint}")
 
 
 def check_pruner(pruner: object, pruner_factory: object) -> None:

@@ -11,7 +11,7 @@ before the run ends -- or, when the run ended without them, before the next one 
 with the texts made here, from the calls this module finds.
 
 Works on LangChain messages and OpenAI-style dicts alike, through the pruner's codecs
-(:mod:`loop_governor.context.view`): the core imports no framework.
+(`loop_governor.context.view`): the core imports no framework.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ the one before it: three identical steps for ``p = 1``, two full blocks for ``p 
 Results must repeat too, so a loop that makes progress (new results) is never a cycle.
 
 The model is warned once, in the result it reads; ``escalation_repeats`` more steps of
-the same cycle withdraw the tool (:mod:`loop_governor.ladder`: calling it anyway ends the
-run with :class:`~loop_governor.errors.NoProgressError`). A poll (``ToolPolicy(poll=True)``)
+the same cycle withdraw the tool ([`loop_governor.ladder`][loop_governor.ladder]: calling it anyway ends the
+run with [`NoProgressError`][loop_governor.errors.NoProgressError]). A poll (``ToolPolicy(poll=True)``)
 repeats by design: its steps never match. Parallel calls of one model turn are one
 decision: a call repeating another of the same turn is not a step.
 The check is O(1) a call: one running match count per period.
@@ -149,7 +149,7 @@ def _same_step(step: tuple[str, Fingerprint, Call], tool: str, result: Fingerpri
 
 
 class Cycles(Policy):
-    """Feeds every tool call's outcome to the task's :class:`CycleTracker`."""
+    """Feeds every tool call's outcome to the task's [`CycleTracker`][loop_governor.cycles.CycleTracker]."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
@@ -195,7 +195,7 @@ class Cycles(Policy):
         verdict = self._verdict(call, Fingerprint(f"\x00error\x00{error.info.signature}"))
         if verdict is OK:
             return error
-        self._report(call, verdict)
+        self._report(call, verdict, failed=True)
         info = error.info
         if verdict.action == "stop":
             if call.name in call.scope.withdrawn:  # type: ignore[union-attr]  # (the scope is set: _verdict)
@@ -207,9 +207,9 @@ class Cycles(Policy):
         advice = f"{info.advice or ''} This call is part of a loop; {_ends(call, verdict)}.".strip()
         return type(error)(info.model_copy(update={"advice": advice}))
 
-    def _report(self, call: Call, verdict: Verdict) -> None:
+    def _report(self, call: Call, verdict: Verdict, failed: bool = False) -> None:
         action = "withdraw" if verdict.action == "stop" else verdict.action
-        self.rt.events.emit("cycle", tool=call.name, period=verdict.count, action=action)
+        self.rt.events.emit("cycle", tool=call.name, period=verdict.count, action=action, failed=failed)
 
     def _withdraw(self, call: Call, verdict: Verdict) -> str:
         call.warned = True

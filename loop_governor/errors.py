@@ -8,7 +8,7 @@ governed failure is therefore one of three kinds:
 * permanent -- the same call will fail again (404, bad arguments); remember it, don't repeat;
 * fatal -- the run cannot go on (401, exhausted billing); stop the run.
 
-Each exception carries a :class:`GovernedError`, the structured outcome the model reads.
+Each exception carries a [`GovernedError`][loop_governor.errors.GovernedError], the structured outcome the model reads.
 """
 
 from __future__ import annotations
@@ -182,6 +182,9 @@ _PLAIN = re.compile(
     r"(?:, (?P<outcome>[^:\n]*))?(?:: (?P<advice>[^\n]*?))?\.?(?:\n|\Z)",
     re.S,
 )
+# ... for one failure: its classification line is the last one (the tool's own message may hold a
+# line that reads like one)
+_PLAIN_LAST = re.compile(_PLAIN.pattern.replace("(?P<message>.*?)", "(?P<message>.*)"), re.S)
 _KIND_TYPES = {"Temporary failure": "transient", "Permanent failure": "permanent", "Fatal": "fatal"}
 
 
@@ -202,7 +205,7 @@ def read_model_text(text: object) -> dict[str, Any] | None:
         error = parsed.get("error") if isinstance(parsed, dict) else None
         if isinstance(error, dict) and error.get("type") in _KIND_TYPES.values():
             return error
-    match = _PLAIN.search(text)
+    match = _PLAIN_LAST.search(text, text.find("Error: ") if "Error: " in text else 0)
     if match is None:
         return None
     fields: dict[str, Any] = {"message": match["message"], "type": _KIND_TYPES[match["kind"]]}
@@ -275,7 +278,7 @@ def stop_reason(info: GovernedError) -> str:
 class FatalError(AgentToolError):
     """The run cannot continue (credentials, billing, a spent budget, a loop that ignored
     every warning); adapters let it stop the run. Every error that ends a run is one,
-    and none is a :class:`PermanentError` (``except PermanentError`` written first must
+    and none is a [`PermanentError`][loop_governor.errors.PermanentError] (``except PermanentError`` written first must
     not swallow a stop).
 
     ``str(exc)`` reads ``"loop-governor stopped the run: <reason>"``; ``.reason`` is that
@@ -340,9 +343,9 @@ class NoProgressError(FatalError):
     """The loop kept going after being told its tool's verdict no longer changes (the same
     result, a cycle, a warning ignored): end the run, with the partial results of the task.
 
-    A :class:`FatalError` only: not a :class:`LoopDetectedError` (a ``PermanentError``,
-    which the model reads and the run survives) since 0.x -- ``.code`` says which guard
-    stopped it (``no_progress``, ``cycle``, ``escalation``...).
+    A [`FatalError`][loop_governor.errors.FatalError] only: not a
+    [`LoopDetectedError`][loop_governor.errors.LoopDetectedError] (a ``PermanentError``, which the model reads and the
+    run survives) since 0.x -- ``.code`` says which guard stopped it (``no_progress``, ``cycle``, ``escalation``...).
     """
 
 
@@ -354,5 +357,6 @@ ERROR_CLASS: dict[ErrorType, type[AgentToolError]] = {
 
 
 def error_from_info(info: GovernedError) -> AgentToolError:
-    """The exception class matching a stored :class:`GovernedError` (e.g. a known-bad replay)."""
+    """The exception class matching a stored [`GovernedError`][loop_governor.errors.GovernedError] (e.g. a known-bad
+    replay)."""
     return ERROR_CLASS[info.error_type](info)

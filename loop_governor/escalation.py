@@ -6,7 +6,7 @@ limited" -- and a model may ignore text: trackers of other frameworks have repor
 models repeating a refused call hundreds of times. So each of those signals is
 remembered per task with what it was about, and after the model has been told,
 ``escalation_repeats`` more attempts at the same thing (default 2, per tool
-``ToolPolicy(escalation_repeats=)``) climb the ladder (:mod:`loop_governor.ladder`): the
+``ToolPolicy(escalation_repeats=)``) climb the ladder ([`loop_governor.ladder`][loop_governor.ladder]): the
 tool is withdrawn, and calling it anyway ends the run. The text says so from the first
 time ("2 more identical calls withdraw search_docs").
 
@@ -16,14 +16,14 @@ What "the same thing" is, per signal:
   way -- also after a success elsewhere: the call then runs for real (the success may have
   been the fix), but failing the same way again it is the same thing again;
 * the repeated-error guard's ``LoopDetectedError``: the same tool failing the same way about
-  the same entity (:mod:`loop_governor.repeats`); for a transient failure (the service
+  the same entity ([`loop_governor.repeats`][loop_governor.repeats]); for a transient failure (the service
   keeps failing), the tool, while it does;
 * an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
   while the tool is refused.
 
-A repeat that comes back only after more than ``REPEAT_GAP - 1`` other calls is a
-re-check after real work (a linter re-run after each round of edits), not counted; a
-failure with another error is news, told afresh. The last two signals are about the
+A failure that comes back after something that may have fixed it (an edit, a toggle:
+[`loop_governor.fixes`][loop_governor.fixes]) is iterating, not counted; a failure with another error is
+news, told afresh. The last two signals are about the
 tool's availability, not about what the model asked: any success of the tool ends them,
 and their withdrawal lasts only until the tool may be back.
 Parallel calls of one model turn are one decision: they never count as repeats of each
@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import AgentToolError, CircuitOpenError, ErrorType, FatalError, LoopDetectedError
+from loop_governor.fixes import fixed_since
 from loop_governor.ladder import withdrawn_error
 from loop_governor.progress import withdraws_text
-from loop_governor.repeats import REPEAT_GAP, failure_key, fixed_since
+from loop_governor.repeats import failure_key
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -141,9 +142,9 @@ class Escalation(Policy):
             # parallel call of the same model turn: the model did not ask again after
             # being told, nothing to count
             return self._warn(call, error, key, limit - count)
-        if not repeat and kind == "call" and (step - last_step > REPEAT_GAP or fixed_since(call, last_step)):
-            # run again after real work (or an edit through the same tool) failing the same
-            # way: a re-check, not a repeat
+        if not repeat and kind == "call" and fixed_since(call, last_step):
+            # run again after something that may have fixed it (an edit) and failing the same
+            # way: iterating, not a repeat
             told[key] = (count, invocation, decision, known, step)
             return self._warn(call, error, key, limit - count)
         count += 1

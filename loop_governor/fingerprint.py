@@ -5,10 +5,10 @@ A loop rarely repeats byte for byte: a critic's verdict changes its score ("6/10
 back empty. So the guards compare
 
 * results after the normalization error signatures use (numbers, ids, uuids,
-  timestamps, quoted values, paths: :func:`loop_governor.classify.normalize_message`),
-  computed in two steps because it runs on every governed call: a cheap form first
-  (digits dropped, bounded length: C-speed ``bytes.translate``), and the full
-  normalization only when two results have the same shape but differ in the cheap form;
+  timestamps, quoted values, paths:
+  [`loop_governor.classify.normalize_message`][loop_governor.classify.normalize_message]), computed in two steps because
+  it runs on every governed call: a cheap form first (digits dropped, bounded length: C-speed ``bytes.translate``), and
+  the full normalization only when two results have the same shape but differ in the cheap form;
 * arguments after whitespace and key-order normalization, with arguments that only walk
   through a collection (``page``, ``offset``, ``cursor``...) masked: walking while the
   result stays the same is no progress.
@@ -23,6 +23,7 @@ from typing import Any
 import xxhash
 
 from loop_governor.classify import normalize_message
+from loop_governor.keys import call_key
 
 # Arguments that walk through a collection: a new value is no progress by itself.
 WALK_KEYS = frozenset(
@@ -188,8 +189,8 @@ def args_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[in
     try:
         masked = hash((_norm(args, walks), _norm(kwargs, walks) if kwargs else ()))
         return masked, hash(tuple(sorted(walks))) if walks else 0
-    except Exception:  # an argument whose repr or hash fails: compare it by identity
-        return hash((id(args), id(kwargs))), 0
+    except Exception:  # a repr or hash that fails, keys that do not sort: the call key's
+        return hash(call_key("", args, dict(kwargs))), 0  # canonical form (never raises)
 
 
 # -- what a call asks about: its entity, and the content it revises ---------------------
@@ -248,6 +249,9 @@ _CONTENT_NAMES = frozenset(
         "cost",
         "quantity",
         "qty",
+        "expression",
+        "expr",
+        "formula",
     }
 )
 _CONTENT_SUFFIXES = (
@@ -326,11 +330,14 @@ _ENTITY_NAMES = frozenset(
         "script",
         "code",
         "sql",
-        "expression",
-        "expr",
-        "formula",
         "pattern",
         "regex",
+        "build",
+        "deployment",
+        "workflow",
+        "pipeline",
+        "execution",
+        "operation",
     }
 )
 _ENTITY_SUFFIXES = (
@@ -392,10 +399,27 @@ def _value_role(value: Any) -> int:
     return CONTENT
 
 
+# a value shaped like an identifier (INV-2024-0001, #W2378156, a date, an email, a uuid) names a
+# thing whatever its argument is called: ``lookup(query="INV-2024-0001")`` asks about an invoice
+_ID_SHAPED = re.compile(
+    r"\A(?:[A-Za-z][A-Za-z0-9]*[-_#]+\d[\w\-#./]*|#[A-Za-z]?\d+|\d{4}-\d{2}-\d{2}[\w:.+\-]*|[^@\s]+@[^@\s]+\.\w+"
+    r"|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\Z",
+    re.I,
+)
+# a timestamp: beside an argument named like an id, one more thing that varies between polls or tries
+_TIMESTAMP = re.compile(r"\A\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}")
+
+
+def _string_role(value: str, role: int) -> int:
+    if role == CONTENT and len(value) <= _BARE_ENTITY_CHARS and _ID_SHAPED.match(value.strip()):
+        return ENTITY
+    return role or _value_role(value)
+
+
 def _subject_leaves(value: Any, role: int, path: str, out: list[tuple[int, str, Any]], depth: int = 0) -> None:
     kind = type(value)
     if kind is str:
-        out.append((role or _value_role(value), path, _spaced(value)))
+        out.append((_string_role(value, role), path, _spaced(value)))
         return
     if kind in _SCALARS:
         out.append((role or _value_role(value), path, value))
@@ -415,7 +439,7 @@ def _subject_leaves(value: Any, role: int, path: str, out: list[tuple[int, str, 
             _subject_leaves(v, role, f"{path}[{i}]", out, depth + 1)
         return
     if isinstance(value, str):
-        out.append((role or _value_role(value), path, _spaced(value)))
+        out.append((_string_role(value, role), path, _spaced(value)))
     elif isinstance(value, (int, float)):
         out.append((role or _value_role(value), path, value))
     else:
@@ -429,14 +453,33 @@ def _digest(parts: tuple[tuple[str, str], ...]) -> int:
 
 
 def _leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[int, str, Any]]:
-    """Every argument value as ``(role, path, normalized value)``, walking positions left out."""
+    """Every argument value as ``(role, path, normalized value)``, walking positions left out.
+
+    Where arguments are named like ids, an unnamed whole number or a timestamp beside them is
+    no entity of its own (``job_id="J-1", attempt=3``): an attempt counter, a retry number, a
+    time of asking vary between tries of the same question."""
     leaves: list[tuple[int, str, Any]] = []
     for i, value in enumerate(args):
         _subject_leaves(value, 0, f"[{i}]", leaves)
     for name, value in kwargs.items():
         if name.lower() not in WALK_KEYS:
             _subject_leaves(value, _name_role(name), name, leaves)
+    if any(role == NAMED for role, _, _ in leaves):
+        leaves = [
+            (CONTENT, p, v)
+            if role == ENTITY and ((type(v) is int) or (isinstance(v, str) and _TIMESTAMP.match(v)))
+            else (role, p, v)
+            for role, p, v in leaves
+        ]
     return leaves
+
+
+def says_only(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call's arguments are nothing but free text (``think(thought=...)``,
+    ``log_note(note=...)``): it says something, it acts on nothing (see
+    [`loop_governor.fixes`][loop_governor.fixes]). A call without arguments acts (``press_brake()``)."""
+    leaves = _leaves(args, kwargs)
+    return bool(leaves) and all(role == CONTENT and isinstance(v, str) for role, _, v in leaves)
 
 
 def args_subject(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int]:
@@ -453,23 +496,23 @@ def args_subject(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int,
 
 
 def args_job(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
-    """The job a poll asks about: its arguments *named* like ids (``job_id``, ``order``),
-    as one hash -- an attempt counter or a timestamp beside them is the same job again."""
-    leaves: list[tuple[int, str, Any]] = []
+    """The job a poll asks about: its arguments *named* like ids (``job_id``, ``order``), in
+    keywords or in a mapping passed positionally (a LangChain tool call's arguments), as one
+    hash -- an attempt counter or a timestamp beside them is the same job again. A lone
+    positional value shaped like an id names the job too."""
     try:
-        for name, value in kwargs.items():
-            if name.lower() not in WALK_KEYS:
-                _subject_leaves(value, _name_role(name), name, leaves)
-        for i, value in enumerate(args):  # positional: an id-like value names the job
-            if isinstance(value, str) and _value_role(value) == ENTITY:
-                leaves.append((NAMED, f"[{i}]", _spaced(value)))
-        return _digest(tuple(sorted((p, repr(v)) for role, p, v in leaves if role == NAMED)))
+        leaves = _leaves(args, kwargs)
+        named = [(p, repr(v)) for role, p, v in leaves if role == NAMED]
+        if not named:
+            named = [(p, repr(v)) for role, p, v in leaves if role == ENTITY and isinstance(v, str)]
+        return _digest(tuple(sorted(named)))
     except Exception:
         return 0
 
 
 def content_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
-    """The revisable text values of the arguments (the content of :func:`args_subject`)."""
+    """The revisable text values of the arguments (the content of
+    [`args_subject`][loop_governor.fingerprint.args_subject])."""
     try:
         leaves = _leaves(args, kwargs)
     except Exception:
@@ -493,18 +536,27 @@ _READING_PROGRAMS = frozenset(
     {
         "cat", "ls", "grep", "egrep", "fgrep", "rg", "find", "head", "tail", "wc", "echo", "printf", "pwd",
         "nl", "sort", "uniq", "cut", "diff", "which", "file", "stat", "tree", "true", "test", "cd", "date",
-        "whoami", "env", "less", "more", "du", "df", "awk", "sed", "git",
+        "whoami", "env", "less", "more", "du", "df", "awk", "sed", "git", "uname", "hostname", "id", "ps",
+        "type", "command", "realpath", "dirname", "basename", "md5sum", "sha256sum", "jq", "xxd", "od", "sleep",
     }
 )  # fmt: skip
+_READING_PIP = frozenset({"list", "show", "freeze", "check", "--version", "-V"})
 _READING_GIT = frozenset({"status", "diff", "log", "show", "grep", "blame", "branch", "ls-files", "rev-parse"})
 _COMMAND_KEYS = frozenset({"command", "cmd", "script", "shell", "bash", "code"})
 _SEGMENTS = re.compile(r"&&|\|\||[;|\n]")
-_WRITES = re.compile(r"(?<![0-9&])>|\btee\b|(?:^|\s)-i\b|--in-place|-exec\b|-delete\b")
+_WRITES = re.compile(r"(?<![0-9&])>(?!\s*/dev/null)|\btee\b|(?:^|\s)-i\b|--in-place|-exec\b|-delete\b")
 
 
 def command_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
     """The shell command a call runs, when its arguments are one (a ``command`` argument, or
-    a lone positional string): None for other tools."""
+    a lone positional string): None for other tools (or arguments that cannot be read)."""
+    try:
+        return _command_of(args, kwargs)
+    except Exception:
+        return None
+
+
+def _command_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
     for name, value in kwargs.items():
         if name.lower() in _COMMAND_KEYS and isinstance(value, str):
             return value
@@ -526,11 +578,20 @@ def reads_only(command: str) -> bool:
         return False
     for segment in _SEGMENTS.split(command):
         words = segment.split()
+        if "#" in words:
+            words = words[: words.index("#")]  # a comment
         while words and "=" in words[0] and not words[0].startswith("="):
             words = words[1:]  # VAR=value before the program
         if not words:
             continue
         program = words[0].rsplit("/", 1)[-1]
+        if words[1:] in (["--version"], ["-V"], ["version"]):
+            continue  # any program asked for its version
+        if program in ("pip", "pip3") or (program.startswith("python") and words[1:3] == ["-m", "pip"]):
+            rest = words[1:] if program.startswith("pip") else words[3:]
+            if rest and rest[0] in _READING_PIP:
+                continue
+            return False
         if program not in _READING_PROGRAMS:
             return False
         if program == "git" and (len(words) < 2 or words[1] not in _READING_GIT):
@@ -547,7 +608,7 @@ def args_text(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
 
 
 def args_shape(text: str) -> int:
-    """The arguments' text (:func:`args_text`) with digits dropped and whitespace
+    """The arguments' text ([`args_text`][loop_governor.fingerprint.args_text]) with digits dropped and whitespace
     collapsed, as one hash."""
     return hash(" ".join(text.split()).encode("utf-8", "surrogatepass").translate(None, _DIGITS))
 

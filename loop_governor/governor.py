@@ -1,9 +1,9 @@
 """The Governor: one object that governs every tool call and model call of an agent.
 
 ``g.call(tool, fn, *args)`` runs ``fn`` and returns its value, or raises a typed
-:class:`~loop_governor.errors.AgentToolError` whose ``.info`` is what the model should
+[`AgentToolError`][loop_governor.errors.AgentToolError] whose ``.info`` is what the model should
 read; ``g.call_model(endpoint, fn, *args)`` does the same for a model call. Both run
-through one chain of policies (:mod:`loop_governor.chain`), composed here once from the
+through one chain of policies ([`loop_governor.chain`][loop_governor.chain]), composed here once from the
 config: resume and known-bad memory, budgets, breaker, rate limits, retries, repeated
 errors, no progress, checkpoints and events -- each a small object in a module named for
 it. This file only composes them and keeps the public surface.
@@ -42,7 +42,7 @@ from loop_governor.progress import NoProgress
 from loop_governor.ratelimit import RateLimit
 from loop_governor.redaction import mask_url
 from loop_governor.repeats import RepeatedErrors
-from loop_governor.report import Refusals, Report
+from loop_governor.report import Failures, Report
 from loop_governor.runtime import Runtime
 from loop_governor.scope import TaskScope, call_key
 from loop_governor.scope_vars import _SCOPE
@@ -96,10 +96,10 @@ def _check_callable(name: str, value: object) -> None:
 class Governor:
     """Governs tool and model calls. Thread- and asyncio-safe; one per process is typical.
 
-    ``config`` is a :class:`GovernorConfig` or a mapping of its settings
+    ``config`` is a `GovernorConfig` or a mapping of its settings
     (``Governor({"retry_max_attempts": 2})``); ``None`` reads the environment
     (``LOOP_GOVERNOR_*``) and ``LOOP_GOVERNOR_CONFIG_FILE``. ``lens`` is the trace
-    (:class:`~loop_governor.trace.Lens`) when ``trace_path`` is set, else a falsy object
+    (`Lens`) when ``trace_path`` is set, else a falsy object
     whose ``close()`` and ``flush()`` do nothing."""
 
     def __init__(
@@ -160,7 +160,6 @@ class Governor:
             rt,
             [
                 Report(rt),
-                Refusals(rt),
                 *resume,
                 Withdrawn(rt),
                 KnownBad(rt),
@@ -172,6 +171,7 @@ class Governor:
                 NoProgress(rt),
                 *([Cycles(rt)] if rt.config.cycle_detection else []),
                 World(),
+                Failures(rt),  # the failure as the model reads it, once every policy shaped it
                 RunStop(rt),  # last: whatever stopped the run, its checkpoint is saved
             ],
             [RateLimit(rt), Breaker(rt), budget.RetryBudget(rt), Compaction()],
@@ -213,7 +213,8 @@ class Governor:
     async def acall(
         self, tool: str, fn: Callable[..., Awaitable[T]] | Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> T:
-        """Async twin of :meth:`call` (same decisions; tenacity's AsyncRetrying sleeps)."""
+        """Async twin of [`call`][loop_governor.governor.Governor.call] (same decisions; tenacity's AsyncRetrying
+        sleeps)."""
         call = Call(TOOL, tool, self.rt.policy(TOOL, tool), _SCOPE.get(), fn, args, kwargs)
         return await self._chain.arun(call)  # type: ignore[no-any-return]
 
@@ -263,7 +264,7 @@ class Governor:
         compact: Callable[..., Any] | None = None,
         fallbacks: Sequence[tuple[str, Callable[..., Any]]] = (),
     ) -> T:
-        """Async twin of :meth:`call_model` (``compact`` may be async)."""
+        """Async twin of [`call_model`][loop_governor.governor.Governor.call_model] (``compact`` may be async)."""
         model, fallbacks = _endpoints(model, fallbacks)
         options = ModelOptions(usage, describe, estimated_tokens, compact, fallbacks)
         call = Call(MODEL, model, self.rt.policy(MODEL, model), _SCOPE.get(), fn, args, {}, options)
@@ -271,15 +272,19 @@ class Governor:
 
     # -- task scope ----------------------------------------------------------------------
 
-    def task(self, task_id: str | None = None, *, resume: bool | None = None) -> TaskScope:
+    def task(self, task_id: str | None = None, *, name: str | None = None, resume: bool | None = None) -> TaskScope:
         """Open a task scope: ``with g.task("id"):`` or ``async with g.task("id"):``.
 
         With a checkpoint store, a task that did not finish resumes from its checkpoint;
         one that finished starts over (``resume=True``: resume it anyway; ``False``:
-        always start over). See :class:`~loop_governor.scope.TaskScope`."""
+        always start over). ``name`` is what log lines and the report call the task
+        (default: its id; a generated id is no name, so give one). See
+        [`TaskScope`][loop_governor.scope.TaskScope]."""
         if resume is not None and not isinstance(resume, bool):
             raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
-        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex, resume)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a string or None, not {type(name).__name__}")
+        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex, resume, name)
 
     @staticmethod
     def current_task() -> TaskScope | None:
@@ -367,9 +372,11 @@ class Governor:
     def model_policy(self, endpoint: str) -> ResolvedPolicy:
         return self.rt.policy(MODEL, endpoint)
 
-    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
-        """Receive every event dict; returns a function that unsubscribes."""
-        return self.rt.events.subscribe(fn)
+    def subscribe(self, fn: Subscriber, *, raw: bool = False) -> Callable[[], None]:
+        """Receive every event dict, redacted like every other sink; returns a function
+        that unsubscribes. ``raw=True``: the event as built, secrets included -- only for
+        a sink that redacts before writing anything out (the Agent Lens does)."""
+        return self.rt.events.subscribe(fn, raw=raw)
 
     def emit(self, event: str, **fields: Any) -> None:
         """Send an event to subscribers. A failing subscriber never breaks the agent."""

@@ -16,7 +16,7 @@ answered from memory. ``ToolPolicy(stateless=True)`` says a tool's failures depe
 arguments alone: they stay known-bad for the whole task.
 
 The lookup is on the path of every governed call of a task that had a permanent failure,
-so :class:`BadCalls` keeps a local index: when every known-bad call of the task was
+so [`BadCalls`][loop_governor.known_bad.BadCalls] keeps a local index: when every known-bad call of the task was
 recorded here, a call whose (normalized) arguments match none of them skips the store.
 """
 
@@ -32,7 +32,7 @@ from loop_governor.runtime import Runtime
 
 class BadCalls:
     """The known-bad calls this process recorded for one task, each with the task's world
-    (:attr:`TaskScope.world <loop_governor.scope.TaskScope.world>`) at its failure."""
+    ([TaskScope.world][loop_governor.scope.TaskScope.world]) at its failure."""
 
     __slots__ = ("local", "shapes")
 
@@ -75,6 +75,7 @@ class World(Policy):
         scope = call.scope
         if scope is not None and not call.policy.read_only:
             scope.world += 1
+            scope.movers.append((scope.tool_calls, call))  # what may have fixed something (fixes.py)
         return result
 
 

@@ -17,12 +17,12 @@ A withdrawal is a task fact, with a lifecycle:
   ``tool_restored`` event, and after a state change the result of the tool that made it
   tells the model the tool is back;
 * what the model is offered meanwhile is the adapters' to apply, through
-  :func:`tool_offer`: the tools that are not withdrawn; but never a request with tool
+  `tool_offer`: the tools that are not withdrawn; but never a request with tool
   history and no tools (Anthropic and Bedrock refuse it): with every tool withdrawn the
   tools array stays as it is -- the first block of every provider's prompt cache -- and
   the adapter forbids tool calls the provider's own way (``tool_choice="none"``) where
   it has one. crewAI's text (ReAct) prompts lose the tool's description where the
-  adapter can edit them; where it cannot it says so (:func:`keep_listed`) and a call of
+  adapter can edit them; where it cannot it says so (`keep_listed`) and a call of
   the tool is refused, never a stop -- the model was following its prompt.
 """
 
@@ -68,7 +68,13 @@ _IDENTICAL = frozenset({"no_progress", "cycle"})
 
 
 def withdraw(
-    rt: Runtime, call: Call, code: str, why: str, tools: Iterable[str] = (), for_s: float | None = None
+    rt: Runtime,
+    call: Call,
+    code: str,
+    why: str,
+    tools: Iterable[str] = (),
+    for_s: float | None = None,
+    message: str | None = None,
 ) -> str:
     """Withdraw ``call``'s tool (and ``tools``: every tool of a cycle) for the rest of its
     task -- or, for a tool that is unavailable (``for_s``), until it may be back; returns
@@ -82,7 +88,7 @@ def withdraw(
     liftable = {n: for_s is None and scope.streaks.get(n, scope.world) == scope.world for n in names}
     for name in names:
         scope.withdrawn[name] = (code, scope.decision, until, liftable[name])
-        rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why, for_s=for_s)
+        rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why, for_s=for_s, message=message)
     listed = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + f" and {names[-1]}"
     verb, them = ("is", "it") if len(names) == 1 else ("are", "them")
     if for_s is None:
@@ -121,7 +127,7 @@ def withdrawn_error(
     rt: Runtime, call: Call, error: AgentToolError, code: str, why: str, for_s: float | None = None
 ) -> AgentToolError:
     """``error`` as the model reads it once the tool is withdrawn (same type and message)."""
-    note = withdraw(rt, call, code, why, for_s=for_s)
+    note = withdraw(rt, call, code, why, for_s=for_s, message=error.info.message)
     info = error.info
     return type(error)(info.model_copy(update={"advice": note, "retryable": False}))
 
@@ -171,7 +177,7 @@ class Offer(Generic[_T]):
 
 
 def tool_offer(scope: TaskScope, tools: Sequence[_T], messages: Sequence[Any]) -> Offer[_T] | None:
-    """For adapters, before a model request: what to offer (see :class:`Offer`), or None
+    """For adapters, before a model request: what to offer (see `Offer`), or None
     when none of the request's tools is withdrawn (the request goes out as it is).
 
     A withdrawn tool is left out while others remain: the model cannot call what it is

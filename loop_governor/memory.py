@@ -1,23 +1,37 @@
 """Governed long-term memory: what may be written to an agent's memory store, once for both frameworks.
 
-Long-term memory is where context poisoning lasts longest: a failed tool result, a retried
-error or a secret saved once is read back into every later run, out of the pruner's reach.
-crewAI's ``StorageBackend`` wrapper (``crewai_governor.GovernedStorage``) and LangGraph's
+Long-term memory is where context poisoning lasts longest: a failed tool result or a
+secret saved once is read back into every later run, out of the pruner's reach. crewAI's
+``StorageBackend`` wrapper (``crewai_governor.GovernedStorage``) and LangGraph's
 ``BaseStore`` wrapper (``langchain_governor.GovernedStore``) are thin: each maps its
-framework's records onto :class:`MemoryGuard`, which decides here, with no framework import:
+framework's records onto [`MemoryGuard`][loop_governor.memory.MemoryGuard], which decides here, with no framework
+import.
 
-* **failures stay out**: the governor's error JSON, a raw Python traceback, or a result a
-  framework marked failed (``status == "error"``, crewAI's "Error executing tool", a
-  ``ToolFailure``) is not written; it is counted and a ``memory_dropped`` event says why;
-* **redaction**: the rule set of every other sink (:mod:`loop_governor.redaction`);
-* **repeats are stored once**: records equal after the normalization error signatures use
-  (:func:`loop_governor.classify.normalize_message`: numbers, ids, timestamps, quoted values,
-  paths) are one record per scope; the newer one updates the older (same id or key);
+A memory is the user's data, so the filter is as certain as a type error: precision first.
+
+* **failures stay out, and only failures**: a record is dropped when it holds the
+  governor's own failure text (either rendering, [`governed_text`][loop_governor.memory.governed_text]: what the model
+  was handed for a failed call) or is nothing but a Python traceback
+  ([`only_traceback`][loop_governor.memory.only_traceback]). A record that merely mentions an error -- a note quoting a
+  traceback, a job record ``{"status": "error"}``, a how-to that starts "Error:" -- is
+  kept. A drop is counted, logged and a ``memory_dropped`` event;
+* **redaction**: the rule set of every other sink
+  ([`loop_governor.redaction.redact_value`][loop_governor.redaction.redact_value]);
 * **size**: blobs stripped and long text cut head-and-tail with the pruner's own transforms
-  and defaults (:mod:`loop_governor.context.text`);
+  and defaults ([`loop_governor.context.text`][loop_governor.context.text]); nesting deeper than
+  [`MAX_DEPTH`][loop_governor.redaction.MAX_DEPTH] is removed. Counted, logged, ``memory_trimmed``;
+* **repeats are noticed, never merged**: a record whose content equals one stored under
+  another key in the same scope (after whitespace normalization only: numbers, ids,
+  quoted values and paths are what make two facts different) is still written under its
+  own key, and the other is left alone; it is counted and a ``memory_repeat`` event
+  names both keys. A wrapper never writes a record under a key the caller did not give;
 * **the backend is governed**: each backend call is ``governor.call("memory:<backend>", ...)``
-  (classified, retried, breaker-protected). A failed write degrades to a ``memory_save_failed``
-  event and a count; a failed read raises the typed error like any governed call.
+  (classified, retried, breaker-protected). A failed write degrades to a
+  ``memory_save_failed`` event naming the lost keys, a count and a WARNING; a failed read
+  raises the typed error like any governed call.
+
+Every drop, trim and lost write is a WARNING of the ``loop_governor`` logger naming the
+record's key and the reason ([`loop_governor.memory_log`][loop_governor.memory_log]).
 
 Backend calls run as one-call tasks of their own (outside the caller's task scope): a
 memory write is bookkeeping, not a step of the agent, so it must not spend the task's retry
@@ -27,22 +41,18 @@ budget, be replayed from or recorded into its checkpoint, or feed its loop guard
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from loop_governor.classify import normalize_message
-
-# The error shapes agents actually see as tool results: the governor's JSON, crewAI's "Error
-# executing tool", LangGraph's "Error: ..." -- the list the pruner's health figure judges by.
-from loop_governor.context.health import _ERROR_PREFIXES as _FAILED_PREFIXES
-from loop_governor.context.text import digest, head_tail, map_strings, strip_blobs_text
+from loop_governor import memory_log
+from loop_governor.context.text import head_tail, strip_blobs_text
 from loop_governor.errors import AgentToolError
-from loop_governor.redaction import is_secret_key, mask_secret, redact
+from loop_governor.keys import call_key
+from loop_governor.redaction import MAX_DEPTH, redact_value
 from loop_governor.scope_vars import _CALL_META, _SCOPE
 
 if TYPE_CHECKING:
@@ -50,19 +60,165 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-Reason = Literal["governed_error", "traceback", "failed_result"]
+Reason = Literal["governed_error", "traceback"]
+Key = tuple[Hashable, Hashable]  # (scope or namespace, the record's key or id)
 
-# The governor's model-facing JSON (GovernedError.to_model_text), also when it sits escaped
-# inside another JSON string (a tool result quoted into a record).
-# Whatever its key order (it opens with the tool's message).
-_GOVERNED_JSON = re.compile(
-    r'\{\\*"error\\*":\s*\{.{0,4000}?\\*"type\\*":\s*\\*"(?:transient|permanent|fatal)\\*"', re.S
+# -- the governor's own failure texts ------------------------------------------------------
+
+_TYPES = r"(?:transient|permanent|fatal)"
+# GovernedError.to_json_text: {"error":{"message":...,"type":"permanent","outcome":...}},
+# also escaped inside another JSON string (\" at any level) and with spaces after the colons.
+_JSON_START = re.compile(r'\{\\*"error\\*":\s*\{')
+_JSON_TYPE = re.compile(rf'\\*"type\\*":\s*\\*"{_TYPES}\\*"')
+# keys only the governor's rendering carries beside "type" (an older one: "retryable")
+_JSON_OWN_KEY = re.compile(r'\\*"(?:outcome|retryable|attempts)\\*":')
+_JSON_WINDOW = 4000  # the message (<= 500 chars, escaped), the advice and the fields
+# GovernedError.to_plain_text: "Error: <message>" then, on the next line, exactly one of
+# the governor's classification sentences (a newline may be JSON-escaped as \n). A how-to
+# that starts "Error:" has no such line.
+_PLAIN = re.compile(
+    r"Error: .{0,2000}?(?:\n|\\n)"
+    r"(?:Permanent failure|Fatal"
+    r"|Temporary failure, (?:retries exhausted after \d+ attempts?|may be retried|not attempted))"
+    r"(?:: [^\n]{1,2000}?)?\.?(?=\n|\\n|\\?[\"']|$)",
+    re.S,
 )
-# ... and its plain-text rendering (the default): "Error: <message>" and the classification line.
-_GOVERNED_TEXT = re.compile(r"Error: .{0,4000}?\n(?:Temporary failure|Permanent failure|Fatal)(?:, [^:\n]*)?: ", re.S)
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\):|^\s*File \"[^\"\n]+\", line \d+, in ", re.M)
-# Keys a record carries its own failure mark under.
-_STATUS_KEYS = ("status", "tool_status")
+
+
+def governed_text(text: str) -> bool:
+    """Whether ``text`` holds the governor's model-facing failure text (plain or JSON,
+    [`to_model_text`][loop_governor.errors.GovernedError.to_model_text]), anywhere in it: a model
+    that relays a failure ("The search said: Error: ...") saves the governor's words."""
+    if "rror" not in text:
+        return False
+    if "Error: " in text and _PLAIN.search(text) is not None:
+        return True
+    if "error" in text:
+        for start in _JSON_START.finditer(text):
+            window = text[start.end() : start.end() + _JSON_WINDOW]
+            if _JSON_TYPE.search(window) and _JSON_OWN_KEY.search(window):
+                return True
+    return False
+
+
+def _governed_mapping(value: Mapping[Any, Any]) -> bool:
+    """A parsed rendering: ``{"error": {"type": "permanent", "outcome": ..., ...}}``."""
+    error = value.get("error") if len(value) == 1 else None
+    return (
+        isinstance(error, Mapping)
+        and error.get("type") in ("transient", "permanent", "fatal")
+        and any(k in error for k in ("outcome", "retryable", "attempts"))
+    )
+
+
+# -- tracebacks ----------------------------------------------------------------------------
+
+_TB_HEAD = "Traceback (most recent call last):"
+_TB_CHAIN = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+# the line that ends a traceback: the exception's (dotted) class name, then its message
+_TB_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?::.*)?")
+
+
+def only_traceback(text: str) -> bool:
+    """Whether ``text`` is a Python traceback and nothing else (chained ones included).
+
+    Frames, code lines and carets are indented; each traceback ends with its exception
+    line; between tracebacks only Python's chaining sentences. Any other line (the note
+    that quotes the traceback, the explanation after it) makes it a record about an error.
+    """
+    stripped = text.strip()
+    if not stripped.startswith(_TB_HEAD):
+        return False
+    in_frames = False
+    ended = False
+    for line in stripped.splitlines():
+        if line == _TB_HEAD:
+            in_frames, ended = True, False
+        elif not line.strip() or line[0] in " \t":
+            continue  # a frame, its code, carets, an indented note or detail
+        elif in_frames:
+            if _TB_EXCEPTION.fullmatch(line) is None:
+                return False
+            in_frames, ended = False, True
+        elif line not in _TB_CHAIN:
+            return False
+    return ended
+
+
+# -- what a record holds -------------------------------------------------------------------
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string a record holds, without recursion and at most ``MAX_DEPTH`` deep: the
+    values of mappings (keys are names, not content), items of lists and tuples, and the
+    ``content``/``message`` text of an object (a message, a ``ToolFailure``)."""
+    work: list[tuple[Any, int]] = [(value, 0)]
+    while work:
+        item, depth = work.pop()
+        if isinstance(item, str):
+            yield item
+        elif depth >= MAX_DEPTH:
+            continue
+        elif isinstance(item, Mapping):
+            work.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            work.extend((v, depth + 1) for v in item)
+        elif item is not None and not isinstance(item, (bool, int, float)):
+            for name in ("content", "message"):
+                text = getattr(item, name, None)
+                if isinstance(text, (str, list)):
+                    work.append((text, depth + 1))
+
+
+def _mappings(value: Any) -> Iterator[Mapping[Any, Any]]:
+    work: list[tuple[Any, int]] = [(value, 0)]
+    while work:
+        item, depth = work.pop()
+        if depth >= MAX_DEPTH:
+            continue
+        if isinstance(item, Mapping):
+            yield item
+            work.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            work.extend((v, depth + 1) for v in item)
+
+
+def failure_reason(value: Any) -> Reason | None:
+    """Why ``value`` (a record's text, a JSON-like record, a message object) must not be
+    remembered, or None: ``"governed_error"`` when any string in it is the governor's
+    failure text (or it is that JSON, parsed), ``"traceback"`` when every non-blank
+    string in it is nothing but a traceback."""
+    if isinstance(value, str):
+        if governed_text(value):
+            return "governed_error"
+        return "traceback" if only_traceback(value) else None
+    texts = [s for s in _strings(value) if s.strip()]
+    if any(governed_text(s) for s in texts) or any(_governed_mapping(m) for m in _mappings(value)):
+        return "governed_error"
+    if texts and all(only_traceback(s) for s in texts):
+        return "traceback"
+    return None
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    work: list[tuple[Any, int]] = [(value, 0)]
+    while work:
+        item, depth = work.pop()
+        if isinstance(item, (Mapping, list, tuple)):
+            if depth >= limit:
+                return True
+            work.extend((v, depth + 1) for v in (item.values() if isinstance(item, Mapping) else item))
+    return False
+
+
+def _spaced(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- the guard -----------------------------------------------------------------------------
 
 # The pruner's defaults (ContextPruner: trim_threshold=5000, trim_head=1500, trim_tail=1500).
 TRIM_THRESHOLD = 5000
@@ -73,18 +229,25 @@ INDEX_SIZE = 10_000
 
 @dataclass(frozen=True, slots=True)
 class Write:
-    """What to do with one record: ``store`` it (``value`` is the cleaned content), ``update``
-    the older identical record ``existing`` with it, or ``drop`` it (``reason`` says why)."""
+    """What to do with one record: ``store`` it (``value`` and ``extra`` cleaned, under the
+    caller's own key; ``repeat_of``: another key of its scope holding the same content),
+    or ``drop`` it (``reason`` says why)."""
 
-    action: Literal["store", "update", "drop"]
+    action: Literal["store", "drop"]
     value: Any = None
-    existing: Hashable | None = None
+    extra: Any = None
     reason: Reason | None = None
+    repeat_of: Hashable | None = None
 
 
 @dataclass
 class MemoryStats:
-    """What a guard kept out or changed since it was built (one per wrapped backend)."""
+    """What a guard kept out or changed since it was built (one per wrapped backend).
+
+    ``dropped``: records not written (failures); ``trimmed``: records written shorter;
+    ``lost``: records a failing backend did not take (``save_failures``: the failed
+    writes they were in); ``repeats``: records whose content another key of their scope
+    already held (written all the same); ``redacted``: records with a secret masked."""
 
     written: int = 0
     dropped: int = 0
@@ -92,81 +255,39 @@ class MemoryStats:
     redacted: int = 0
     trimmed: int = 0
     save_failures: int = 0
+    lost: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
 
 
-def failure_reason(value: Any) -> Reason | None:
-    """Why ``value`` (a record's text, or a JSON-like record) must not be remembered, or None.
+@dataclass
+class _Cuts:
+    """What the size rules took from one record, for its log line."""
 
-    Strings: the governor's error JSON anywhere in them, a Python traceback, or a text that
-    starts like a failed tool result. Mappings: a failure mark (``"status": "error"``) or any
-    string inside that is one of the above. Objects: a ``ToolFailure``-like object (has
-    ``message`` and ``reason`` attributes) or a LangChain-like message with ``status="error"``.
-    """
-    if isinstance(value, str):
-        if "error" in value and _GOVERNED_JSON.search(value):
-            return "governed_error"
-        if "Error: " in value and _GOVERNED_TEXT.search(value):
-            return "governed_error"
-        if ("Traceback" in value or 'File "' in value) and _TRACEBACK.search(value):
-            return "traceback"
-        if value.lstrip()[:24].startswith(_FAILED_PREFIXES):
-            return "failed_result"
-        return None
-    if isinstance(value, Mapping):
-        for key in _STATUS_KEYS:
-            if value.get(key) == "error":
-                return "failed_result"
-        for item in value.values():
-            reason = failure_reason(item)
-            if reason is not None:
-                return reason
-        return None
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            reason = failure_reason(item)
-            if reason is not None:
-                return reason
-        return None
-    if getattr(value, "status", None) == "error":
-        return "failed_result"
-    message = getattr(value, "message", None)
-    if isinstance(message, str) and hasattr(value, "reason"):
-        return "failed_result"  # crewAI's ToolFailure (and the governor's GovernedToolFailure)
-    content = getattr(value, "content", None)
-    return failure_reason(content) if isinstance(content, (str, list)) else None
+    blobs: int = 0
+    chars: int = 0
+    too_deep: bool = False
 
-
-def _redact_value(value: Any) -> Any:
-    """:func:`~loop_governor.redaction.redact_obj` that returns the same object when nothing
-    changed (the guard counts redactions by identity) and keeps tuples as tuples."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        changed = False
-        out: dict[Any, Any] = {}
-        for k, v in value.items():
-            nv = mask_secret(v) if isinstance(k, str) and is_secret_key(k) and v is not None else _redact_value(v)
-            changed = changed or nv != v
-            out[k] = nv
-        return out if changed else value
-    if isinstance(value, (list, tuple)):
-        items = [_redact_value(v) for v in value]
-        if not any(a is not b for a, b in zip(items, value, strict=True)):
-            return value
-        return items if isinstance(value, list) else tuple(items)
-    return value
+    def describe(self) -> str:
+        parts = []
+        if self.chars:
+            parts.append(f"long text cut head-and-tail ({self.chars:,} chars removed)")
+        if self.blobs:
+            parts.append(f"{self.blobs} base64 blob{'s' if self.blobs != 1 else ''} replaced by a placeholder")
+        if self.too_deep:
+            parts.append(f"nesting deeper than {MAX_DEPTH} levels removed")
+        return "; ".join(parts)
 
 
 class MemoryGuard:
     """The write filter and the governed calls of one wrapped memory backend.
 
     ``backend`` names it in the governor: its calls are the tool ``memory:<backend>``
-    (breaker, retries, ``ToolPolicy`` overrides under that name). ``dedupe`` turns the
-    repeat filter off; ``trim_*`` are the pruner's head-and-tail cut. The repeat index is
-    per process, bounded to ``index_size`` records (oldest forgotten first).
+    (breaker, retries, ``ToolPolicy`` overrides under that name). ``dedupe=False`` turns
+    the repeat count off (no index is kept); ``trim_*`` are the pruner's head-and-tail
+    cut. The repeat index is per process, bounded to ``index_size`` records (oldest
+    forgotten first).
     """
 
     def __init__(
@@ -192,7 +313,7 @@ class MemoryGuard:
         self.dedupe = dedupe
         self._trim = (trim_head, trim_tail, trim_threshold)
         self._index_size = index_size
-        # (scope, normalized digest) -> id of the record stored for it; and the reverse.
+        # (scope, content digest) -> the key last stored with it; (scope, key) -> its digest
         self._index: OrderedDict[tuple[Hashable, str], Hashable] = OrderedDict()
         self._by_id: dict[tuple[Hashable, Hashable], tuple[Hashable, str]] = {}
         self._lock = threading.Lock()
@@ -200,91 +321,97 @@ class MemoryGuard:
 
     # -- the write filter ----------------------------------------------------------------
 
-    def clean_text(self, text: str) -> str:
-        """``text`` redacted, blobs stripped, cut head-and-tail; the same object when unchanged."""
-        out = redact(text)
-        if out is not text:
-            self._count("redacted")
-        stripped = strip_blobs_text(out)
+    def _clean(self, value: Any, cuts: _Cuts) -> tuple[Any, bool]:
+        """``value`` redacted, blobs stripped, long strings cut; and whether a secret was
+        masked. The same object when nothing changed."""
+        if not isinstance(value, (str, Mapping, list, tuple)):
+            return value, False
+        if not isinstance(value, str) and _depth_exceeds(value, MAX_DEPTH):
+            cuts.too_deep = True
+        redacted = redact_value(value)
         head, tail, threshold = self._trim
-        cut = head_tail(stripped, head, tail, threshold)
-        if cut is not out:
-            self._count("trimmed")
-        return cut
 
-    def clean_value(self, value: Any) -> Any:
-        """A JSON-like record cleaned: secret-named keys masked, every string as :meth:`clean_text`."""
-        redacted = _redact_value(value)
-        if redacted is not value:
-            self._count("redacted")
-        head, tail, threshold = self._trim
-        cut = map_strings(redacted, lambda s: head_tail(strip_blobs_text(s), head, tail, threshold))
-        if cut is not redacted:
-            self._count("trimmed")
-        return cut
+        def shorten(text: str) -> str:
+            stripped = strip_blobs_text(text)
+            if stripped is not text:
+                cuts.blobs += stripped.count(" data removed: ")
+            cut = head_tail(stripped, head, tail, threshold)
+            if cut is not stripped:
+                cuts.chars += len(stripped) - head - tail
+            return cut
 
-    def admit(self, scope: Hashable, record_id: Hashable, value: Any, *, check: Any = None) -> Write:
-        """Decide one record's write: drop a failure, clean it, find an older identical one.
+        if isinstance(redacted, str):
+            return shorten(redacted), redacted is not value
+        # a second pass over the redacted value: masked values are the mask itself, unchanged
+        return redact_value(redacted, text=shorten), redacted is not value and not cuts.too_deep
 
-        ``value`` is the record's content (a string, or a JSON-like value); ``check`` is
-        anything else the failure filter should look at (metadata, the original object).
-        The index learns the record at once, so a repeat later in the same batch is seen.
+    def admit(self, scope: Hashable, key: Hashable, value: Any, *, extra: Any = None) -> Write:
+        """Decide one record's write: drop a failure, clean it, notice a repeat.
+
+        ``value`` is the record's content (a string, or a JSON-like value); ``extra`` is
+        what else the record carries (crewAI's metadata): cleaned too, and a record whose
+        ``extra`` holds the governor's failure text is dropped. ``key`` is the caller's
+        key or id: the record is always written under it. The index learns the record at
+        once, so a repeat later in the same batch is seen.
         """
-        reason = failure_reason(value) or (failure_reason(check) if check is not None else None)
+        reason = failure_reason(value)
+        if reason is None and extra is not None and failure_reason(extra) == "governed_error":
+            reason = "governed_error"
         if reason is not None:
             self._count("dropped")
-            self.governor.emit("memory_dropped", tool=self.tool, reason=reason, scope=_scope_text(scope))
+            self._report("memory_dropped", key=str(key), scope=_scope_text(scope), reason=reason)
             return Write("drop", reason=reason)
-        cleaned = self.clean_text(value) if isinstance(value, str) else self.clean_value(value)
-        if not self.dedupe:
-            return Write("store", cleaned)
-        key = (scope, _repeat_digest(cleaned))
-        with self._lock:
-            existing = self._index.get(key)
-            if existing is not None and existing != record_id:
-                self._index.move_to_end(key)
-                repeat = True
-            else:
-                self._remember(key, record_id)
-                repeat = False
-        if repeat:
+        cuts = _Cuts()
+        cleaned, masked = self._clean(value, cuts)
+        cleaned_extra, masked_extra = self._clean(extra, cuts)
+        if masked or masked_extra:
+            self._count("redacted")
+        if cuts.describe():
+            self._count("trimmed")
+            self._report("memory_trimmed", key=str(key), scope=_scope_text(scope), detail=cuts.describe())
+        repeat_of = self._learn(scope, key, cleaned) if self.dedupe else None
+        if repeat_of is not None:
             self._count("repeats")
-            self.governor.emit("memory_repeat", tool=self.tool, scope=_scope_text(scope), updates=str(existing))
-            return Write("update", cleaned, existing=existing)
-        return Write("store", cleaned)
+            self._report("memory_repeat", key=str(key), scope=_scope_text(scope), same_as=str(repeat_of))
+        return Write("store", cleaned, cleaned_extra, repeat_of=repeat_of)
 
-    def _remember(self, key: tuple[Hashable, str], record_id: Hashable) -> None:
-        old = self._by_id.pop((key[0], record_id), None)
-        if old is not None:
-            self._index.pop(old, None)  # the record's content changed: its old form is gone
-        self._index[key] = record_id
-        self._by_id[(key[0], record_id)] = key
-        while len(self._index) > self._index_size:
-            (scope, _), rid = self._index.popitem(last=False)
-            self._by_id.pop((scope, rid), None)
+    def _learn(self, scope: Hashable, key: Hashable, value: Any) -> Hashable | None:
+        """Index the record; the other key of its scope that holds the same content, if any."""
+        content = _spaced(value) if isinstance(value, str) else redact_value(value, text=_spaced)
+        entry = (scope, call_key("", (content,)))  # canonical for any shape, never raises
+        with self._lock:
+            other = self._index.get(entry)
+            old = self._by_id.pop((scope, key), None)
+            if old is not None and self._index.get(old) == key:
+                del self._index[old]  # this key's older content is gone
+            self._index[entry] = key
+            self._index.move_to_end(entry)
+            self._by_id[(scope, key)] = entry
+            while len(self._index) > self._index_size:
+                (old_scope, _), old_key = self._index.popitem(last=False)
+                self._by_id.pop((old_scope, old_key), None)
+        return other if other is not None and other != key else None
 
     def forget(self, ids: Iterable[tuple[Hashable, Hashable]] | None = None) -> None:
-        """The backend deleted records ``(scope, id)``; None: it may have deleted anything."""
+        """The backend deleted records ``(scope, key)``; None: it may have deleted anything."""
         with self._lock:
             if ids is None:
                 self._index.clear()
                 self._by_id.clear()
                 return
             for scope_id in ids:
-                key = self._by_id.pop(scope_id, None)
-                if key is not None:
-                    self._index.pop(key, None)
+                entry = self._by_id.pop(scope_id, None)
+                if entry is not None and self._index.get(entry) == scope_id[1]:
+                    del self._index[entry]
 
     def forget_ids(self, record_ids: Iterable[Hashable]) -> None:
         """The backend deleted these ids (in whatever scope)."""
         wanted = set(record_ids)
-        with self._lock:
-            for scope_id in [s for s in self._by_id if s[1] in wanted]:
-                self._index.pop(self._by_id.pop(scope_id), None)
+        self.forget([s for s in list(self._by_id) if s[1] in wanted])
 
-    def _count(self, field: str) -> None:
+    def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
-            setattr(self.stats, field, getattr(self.stats, field) + 1)
+            setattr(self.stats, name, getattr(self.stats, name) + n)
 
     # -- the governed backend calls ------------------------------------------------------
 
@@ -297,56 +424,59 @@ class MemoryGuard:
         with _own_task():
             return await self.governor.acall(self.tool, fn, *args, **kwargs)
 
-    def write(self, fn: Callable[..., Any], /, *args: Any, records: int = 1, **kwargs: Any) -> bool:
-        """A backend write, governed; a failure degrades to an event (returns False)."""
+    def write(self, fn: Callable[..., Any], /, *args: Any, keys: Sequence[Key] = (), **kwargs: Any) -> bool:
+        """A backend write of the records ``keys`` (``(scope, key)`` pairs), governed; a
+        failure degrades to an event and a WARNING naming the lost keys (returns False)."""
         try:
             with _own_task():
                 self.governor.call(self.tool, fn, *args, **kwargs)
         except AgentToolError as exc:
-            self._save_failed(exc, records)
+            self._save_failed(exc, keys)
             return False
-        self._written(records)
+        self._count("written", len(keys))
         return True
 
-    async def awrite(self, fn: Callable[..., Awaitable[Any]], /, *args: Any, records: int = 1, **kwargs: Any) -> bool:
+    async def awrite(
+        self, fn: Callable[..., Awaitable[Any]], /, *args: Any, keys: Sequence[Key] = (), **kwargs: Any
+    ) -> bool:
         try:
             with _own_task():
                 await self.governor.acall(self.tool, fn, *args, **kwargs)
         except AgentToolError as exc:
-            self._save_failed(exc, records)
+            self._save_failed(exc, keys)
             return False
-        self._written(records)
+        self._count("written", len(keys))
         return True
 
-    def _written(self, records: int) -> None:
+    def _save_failed(self, exc: AgentToolError, keys: Sequence[Key]) -> None:
         with self._lock:
-            self.stats.written += records
-
-    def _save_failed(self, exc: AgentToolError, records: int) -> None:
-        self._count("save_failures")
-        self.forget()  # what the index says was stored may not have been
+            self.stats.save_failures += 1
+            self.stats.lost += len(keys)
+        self.forget(keys)  # the index must not say they are stored
         info = exc.info
-        self.governor.emit(
+        self._report(
             "memory_save_failed",
-            tool=self.tool,
-            records=records,
+            records=len(keys),
+            keys=[_key_text(scope, key) for scope, key in keys],
             error_type=info.error_type.value,
             signature=info.signature,
             attempts=info.attempts,
         )
 
+    def _report(self, kind: str, **fields: Any) -> None:
+        """An event for subscribers and, for a lost or changed record, a WARNING line."""
+        self.governor.emit(kind, tool=self.tool, **fields)
+        memory_log.log({"event": kind, "tool": self.tool, **fields})
 
-def _repeat_digest(value: Any) -> str:
-    """The record's identity for the repeat filter: its strings normalized as error
-    signatures are (keys and structure kept: ``{"theme": "dark"}`` is not ``{"lang": "en"}``)."""
-    if isinstance(value, str):
-        return digest(normalize_message(value, limit=None), 16)
-    normalized = map_strings(value, lambda s: normalize_message(s, limit=None))
-    return digest(json.dumps(normalized, sort_keys=True, default=str, ensure_ascii=False), 16)
+
+def _key_text(scope: Hashable, key: Hashable) -> str:
+    """A record's key as a log line names it: a LangGraph item's namespace and key, a crewAI
+    record's id (unique across scopes)."""
+    return f"{_scope_text(scope)}/{key}" if isinstance(scope, tuple) else str(key)
 
 
 def _scope_text(scope: Hashable) -> str:
-    return "/".join(scope) if isinstance(scope, tuple) else str(scope)
+    return "/".join(str(part) for part in scope) if isinstance(scope, tuple) else str(scope)
 
 
 @contextlib.contextmanager
@@ -364,11 +494,11 @@ def _own_task() -> Iterator[None]:
         _SCOPE.reset(token)
 
 
-__all__ = ["MemoryGuard", "MemoryStats", "Write", "failure_reason"]
+__all__ = ["MemoryGuard", "MemoryStats", "Write", "failure_reason", "governed_text", "only_traceback"]
 
 
 class Guarded:
-    """What a framework's governed memory backend exposes of its :class:`MemoryGuard`
+    """What a framework's governed memory backend exposes of its [`MemoryGuard`][loop_governor.memory.MemoryGuard]
     (``crewai_governor.GovernedStorage``, ``langchain_governor.GovernedStore``)."""
 
     guard: MemoryGuard
@@ -379,5 +509,6 @@ class Guarded:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Records written, dropped as failures, merged as repeats, redacted, trimmed; failed saves."""
+        """Records written, dropped as failures, noticed as repeats, redacted, trimmed,
+        lost to a failing backend; failed writes."""
         return self.guard.stats.as_dict()

@@ -6,7 +6,7 @@ polled *job* -- the poll's arguments named like ids (``job_id``); an attempt cou
 timestamp beside them is the same job polled again -- by ``max_calls`` (default 60) and
 ``max_wall_s`` (default 3600 s from the job's first poll): a job of up to an hour, polled
 once a minute. Near a bound (80 %) the model reads a warning in the poll's result; at the
-bound the poll is refused and the tool withdrawn (:mod:`loop_governor.ladder`); only a
+bound the poll is refused and the tool withdrawn ([`loop_governor.ladder`][loop_governor.ladder]); only a
 poll of it after that ends the run.
 """
 
@@ -55,7 +55,8 @@ class Polls(Policy):
         entry = self._job(call)
         calls, first = entry[0], entry[1]
         elapsed = self.rt.clock() - first
-        over = "max_calls" if calls >= policy.poll_calls else "max_wall_s" if elapsed >= policy.poll_wall else None
+        # the poll at the bound itself still runs (a job of exactly an hour is seen done)
+        over = "max_calls" if calls >= policy.poll_calls else "max_wall_s" if elapsed > policy.poll_wall else None
         if over is None:
             entry[0] = calls + 1
             return None
@@ -83,7 +84,9 @@ class Polls(Policy):
             return result
         entry = self._job(call)
         calls, elapsed = entry[0], self.rt.clock() - entry[1]
-        if entry[2] or (calls < NEAR * policy.poll_calls and elapsed < NEAR * policy.poll_wall):
+        # the next poll at the cadence seen so far: a poll every 20 minutes is warned at 40
+        cadence = elapsed / (calls - 1) if calls > 1 else 0.0
+        if entry[2] or (calls + 1 < NEAR * policy.poll_calls + 1 and elapsed + cadence < NEAR * policy.poll_wall):
             return result
         entry[2] = True
         self.rt.events.emit("poll_near_bound", tool=call.name, calls=calls, elapsed_s=round(elapsed, 3))

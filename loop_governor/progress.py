@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.fingerprint import Fingerprint, content_values, echoes, result_text, walks
+from loop_governor.fixes import fixed_since
 from loop_governor.ladder import withdraw, withdraw_at
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ NOTE = (
 
 def withdraws_text(remaining: int, tool: str, what: str = "repeat", whats: str | None = None) -> str:
     """The plain sentence every warning carries: how many more repeats withdraw the tool
-    (the ladder's next step, :mod:`loop_governor.ladder`)."""
+    (the ladder's next step, [`loop_governor.ladder`][loop_governor.ladder])."""
     if remaining <= 1:
         return f"the next {what} withdraws {tool} from your tools"
     return f"{remaining} more {whats or what + 's'} withdraw {tool} from your tools"
@@ -87,16 +88,22 @@ _ACK = re.compile(
 )
 _NOT_ACK = re.compile(
     r"\b(?:not|no|fail\w*|error\w*|invalid|revise\w*|reject\w*|insufficient|again|unable|cannot|can't|"
-    r"missing|wrong|incorrect|denied|refused|declined|still)\b",
+    r"missing|wrong|incorrect|denied|refused|declined|still|off|needs?|should|must|lack\w*|unclear|weak|poor|"
+    r"improve\w*|more|better|issues?|problems?|but|however|too|only|score\w*)\b|\d+\s*/\s*\d+|\?",
     re.I,
 )
 ACK_THRESHOLD = 12
-ACK_CHARS = 200
+ACK_CHARS = 80  # longer answers carry more than a confirmation
 
 
 def is_ack(text: str) -> bool:
-    """Whether a result only acknowledges that the action was done ("Transfer successful")."""
-    return len(text) <= ACK_CHARS and _ACK.search(text) is not None and _NOT_ACK.search(text) is None
+    """Whether a result only acknowledges that the action was done ("Transfer successful",
+    "Text appended to report.", "Memory stored."): short, with nothing that judges or
+    objects (a critic's verdict says "not", "revise", "needs", a score)."""
+    text = text.strip()
+    if not text or len(text) > ACK_CHARS or _NOT_ACK.search(text) is not None:
+        return False
+    return _ACK.search(text) is not None or len(text.split()) <= 6
 
 
 _MARKUP = re.compile(r"</?[A-Za-z_][\w\-]{0,40}/?>")
@@ -117,8 +124,8 @@ class ProgressGuard:
     """Per-task, per-tool streaks of the same (normalized) result.
 
     A critic that is never satisfied answers with the same verdict round after round,
-    its score or timestamp aside: results are compared as :class:`Fingerprint` s (digits
-    and ids normalized). Trivial results (an empty output, a bare exit code) never count:
+    its score or timestamp aside: results are compared as [`Fingerprint`][loop_governor.fingerprint.Fingerprint] s
+    (digits and ids normalized). Trivial results (an empty output, a bare exit code) never count:
     successful coding agents repeat those. At ``threshold`` the model is warned; ``then``
     more identical verdicts stop the run.
     """
@@ -151,9 +158,10 @@ class ProgressGuard:
             return OK  # a parallel call of the same model turn: one decision, not a repeat
         seen = _Seen(fp, call, decision, world)
         relation = None if prev is None else seen.repeats(prev)
-        if prev is None or relation is None or (relation == _SAME and prev.moved(world)):
+        if prev is None or relation is None or (relation != _WALKED and seen.fixed_since(prev)):
             # a new verdict (no streak; triviality doesn't matter yet), or the same question
-            # again after something else may have changed the world: a re-check after a fix
+            # (or a revision of it) again after something that may have fixed its cause: a
+            # re-check after a fix, not a verdict repeating
             by_tool[tool] = seen
             return OK
         if is_trivial(fp.text, self.trivial_chars):
@@ -180,7 +188,7 @@ class ProgressGuard:
 class _Seen:
     """One tool's latest result, with what is needed to compare the next one to it."""
 
-    __slots__ = ("acked", "call", "decision", "fp", "streak", "world")
+    __slots__ = ("acked", "call", "decision", "fp", "step", "streak", "world")
 
     def __init__(
         self, fp: Fingerprint, call: Call | None, decision: int | None, world: tuple[int, int] | None
@@ -189,16 +197,22 @@ class _Seen:
         self.call = call  # its normalized arguments and their text are computed once, when asked
         self.decision = decision
         self.world = world
+        scope = call.scope if call is not None else None
+        self.step: int | None = scope.tool_calls if scope is not None else None
         self.streak = 1
         self.acked = False  # the streak is one of acknowledgements of revised content
 
-    def moved(self, world: tuple[int, int] | None) -> bool:
-        """Whether the world moved on since this call was made, by something else than its
-        own success (``world``: the next call's world)."""
-        if world is None or self.world is None:
+    def fixed_since(self, prev: _Seen) -> bool:
+        """Whether something that may have fixed the cause succeeded between ``prev`` and this
+        call ([`loop_governor.fixes`][loop_governor.fixes]); without the calls, whether the world moved on by
+        something else than ``prev``'s own success."""
+        call = self.call
+        if call is not None and call.scope is not None and prev.step is not None:
+            return fixed_since(call, prev.step)
+        if self.world is None or prev.world is None:
             return False
-        then, own = self.world
-        return world[0] - then > own
+        then, own = prev.world
+        return self.world[0] - then > own
 
     def walked_from(self, prev: _Seen) -> bool:
         """Whether the arguments differ from ``prev``'s only in numbers that walk (a line
@@ -242,9 +256,9 @@ _SAME, _REVISED, _WALKED = "same", "revised", "walked"
 
 
 class NoProgress(Policy):
-    """Feeds each successful tool result to the task's :class:`ProgressGuard`: warns the
-    model in the result, then withdraws the tool if the verdict still does not change
-    (calling it anyway ends the run, :mod:`loop_governor.ladder`)."""
+    """Feeds each successful tool result to the task's [`ProgressGuard`][loop_governor.progress.ProgressGuard]: warns
+    the model in the result, then withdraws the tool if the verdict still does not change
+    (calling it anyway ends the run, [`loop_governor.ladder`][loop_governor.ladder])."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)

@@ -114,7 +114,7 @@ class RateLimit(AttemptPolicy):
     """Every attempt (retries too) takes its tokens from the shared buckets, or waits.
 
     A wait longer than the call may wait -- what is left of ``max_wait`` and the task's
-    ``max_wall_s`` (model calls with no fallback left: :attr:`Call.may_wait`), else the
+    ``max_wall_s`` (model calls with no fallback left: [`Call.may_wait`][loop_governor.call.Call.may_wait]), else the
     retry cap -- is a refusal: the first attempt's outcome is a transient ``rate_limited``
     error; a retry just stops retrying.
 

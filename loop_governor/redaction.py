@@ -2,10 +2,10 @@
 
 Error messages from HTTP clients routinely echo the request URL, headers or body, and
 with them API keys and passwords. The governor puts error text in front of the model and
-into traces, so every such text passes through :func:`redact` first, and structured data
-(checkpoints, trace records) through :func:`is_secret_key` / :func:`mask_secret` as well:
-one rule set for every sink. No library covers the provider key formats and the
-``name=value`` shapes we see in agent tools (URLs, headers, env files, JSON nested in JSON
+into traces, so every such text passes through [`redact`][loop_governor.redaction.redact] first, and structured data
+(checkpoints, trace records) through [`is_secret_key`][loop_governor.redaction.is_secret_key] /
+[`mask_secret`][loop_governor.redaction.mask_secret] as well: one rule set for every sink. No library covers the
+provider key formats and the ``name=value`` shapes we see in agent tools (URLs, headers, env files, JSON nested in JSON
 strings), hence the hand-written rules.
 
 Each rule carries the lower-case fragments its match needs; a rule whose fragments are
@@ -15,11 +15,15 @@ few substring scans.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
+
+from loop_governor.keys import model_json
 
 _MASK = "[REDACTED]"
 
@@ -69,7 +73,7 @@ def is_secret_key(name: str) -> bool:
 
     Redacting each string on its own misses ``{"password": "hunter2"}``: neither string
     looks secret alone. Every place that writes structured data out (checkpoints, traces,
-    :func:`redact_obj`) asks this, so they agree on what a secret-named key is.
+    [`redact_obj`][loop_governor.redaction.redact_obj]) asks this, so they agree on what a secret-named key is.
     """
     if len(name) > _KEY_CACHE_MAX_CHARS:
         return _SECRET_KEY.search(_CAMEL_BOUNDARY.sub("_", name)) is not None
@@ -324,7 +328,14 @@ def redact(text: str) -> str:
     return text
 
 
-def mask_secret(value: Any) -> Any:
+# Nesting deeper than this is no record anyone reads; a cycle nests forever. Deeper
+# containers are replaced by TOO_DEEP, so redaction never recurses past the interpreter's
+# limit (a RecursionError would escape into the agent, or a secret past a sink).
+MAX_DEPTH = 64
+TOO_DEEP = "[nested too deeply: removed]"
+
+
+def mask_secret(value: Any, _depth: int = MAX_DEPTH) -> Any:
     """``value`` as it is stored under a secret-named key: every string in it masked whole.
 
     Whole, not pattern by pattern: a password has no recognisable shape, and one with a
@@ -332,27 +343,143 @@ def mask_secret(value: Any) -> Any:
     """
     if isinstance(value, str):
         return _MASK
+    if isinstance(value, (dict, list, tuple)) and _depth <= 0:
+        return TOO_DEEP
     if isinstance(value, dict):
-        return {k: mask_secret(v) for k, v in value.items()}
+        return {k: mask_secret(v, _depth - 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [mask_secret(v) for v in value]
+        return [mask_secret(v, _depth - 1) for v in value]
     return value
 
 
-def redact_obj(value: Any) -> Any:
+def redact_obj(value: Any, _depth: int = MAX_DEPTH) -> Any:
     """Redact every string inside a JSON-like structure (dicts, lists, tuples).
 
-    Values under secret-named keys (:func:`is_secret_key`) are masked whole, at any depth.
+    Values under secret-named keys ([`is_secret_key`][loop_governor.redaction.is_secret_key]) are masked whole, at any
+    depth (containers nested deeper than [`MAX_DEPTH`][loop_governor.redaction.MAX_DEPTH] become
+    [`TOO_DEEP`][loop_governor.redaction.TOO_DEEP]).
     """
     if isinstance(value, str):
         return redact(value)
+    if isinstance(value, (dict, list, tuple)) and _depth <= 0:
+        return TOO_DEEP
     if isinstance(value, dict):
         return {
-            k: mask_secret(v) if isinstance(k, str) and is_secret_key(k) else redact_obj(v) for k, v in value.items()
+            k: mask_secret(v, _depth - 1) if isinstance(k, str) and is_secret_key(k) else redact_obj(v, _depth - 1)
+            for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        return [redact_obj(v) for v in value]
+        return [redact_obj(v, _depth - 1) for v in value]
     return value
+
+
+def redact_value(value: Any, *, objects: bool = False, text: Callable[[str], str] = redact) -> Any:
+    """[`redact_obj`][loop_governor.redaction.redact_obj] that keeps the shape: a tuple stays a tuple, any mapping comes
+    back a dict with the same keys, and the very same object comes back when nothing in
+    it changed (callers count redactions by identity). For values handed back to the
+    user (``FatalError.partial_results``, memory records).
+
+    ``objects=True``: an object that is none of these is handed back as its redacted
+    JSON form (a pydantic model's ``model_dump``, a dataclass's fields) or its redacted
+    ``str()``, since its attributes may hold a secret; otherwise it is left as it is.
+    Containers deeper than [`MAX_DEPTH`][loop_governor.redaction.MAX_DEPTH] (or a cycle) become
+    [`TOO_DEEP`][loop_governor.redaction.TOO_DEEP]. ``text`` redacts each string (a
+    [`TextMemo`][loop_governor.redaction.TextMemo] for values that repeat).
+    """
+    return _redact_shaped(value, objects, MAX_DEPTH, text)
+
+
+def _mask_shaped(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return _MASK
+    if isinstance(value, (Mapping, list, tuple)):
+        if depth <= 0:
+            return TOO_DEEP
+        if isinstance(value, Mapping):
+            return {k: _mask_shaped(v, depth - 1) for k, v in value.items()}
+        items = [_mask_shaped(v, depth - 1) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
+def _redact_shaped(value: Any, objects: bool, depth: int, text: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, Mapping):
+        if depth <= 0:
+            return TOO_DEEP
+        changed = not isinstance(value, dict)
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            if isinstance(k, str) and is_secret_key(k) and v is not None:
+                nv = _mask_shaped(v, depth - 1)
+            else:
+                nv = _redact_shaped(v, objects, depth - 1, text)
+            changed = changed or nv is not v
+            out[k] = nv
+        return out if changed else value
+    if isinstance(value, (list, tuple)):
+        if depth <= 0:
+            return TOO_DEEP
+        items = [_redact_shaped(v, objects, depth - 1, text) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return items if isinstance(value, list) else tuple(items)
+    if not objects or value is None or isinstance(value, (bool, int, float)):
+        return value
+    if depth <= 0:
+        return TOO_DEEP
+    return _redact_shaped(_object_form(value), objects, depth - 1, text)
+
+
+def _object_form(value: Any) -> Any:
+    """An arbitrary object as the JSON-like value redaction can read."""
+    dumped = model_json(value)
+    if dumped is not None:
+        return dumped
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__qualname__}>"
+
+
+class TextMemo:
+    """[`redact`][loop_governor.redaction.redact] memoized for strings that repeat (tool names, task ids, the messages
+    a conversation re-sends every turn), bounded in bytes: when full it starts over, which
+    costs one redaction per string and keeps the hit path a plain ``dict.get``. Strings
+    longer than ``max_chars`` are redacted each time and not kept. Not thread-safe beyond
+    what a ``dict`` is: a lost entry is only redacted again."""
+
+    __slots__ = ("_budget", "_bytes", "_max_chars", "_memo")
+
+    def __init__(self, budget: int, max_chars: int = 256) -> None:
+        self._memo: dict[str, str] = {}
+        self._bytes = 0
+        self._budget = budget
+        self._max_chars = max_chars
+
+    @property
+    def bytes(self) -> int:
+        """Estimated bytes the memo holds (<= the budget)."""
+        return self._bytes
+
+    def __call__(self, value: str) -> str:
+        hit = self._memo.get(value)
+        if hit is not None:
+            return hit
+        out = redact(value)
+        if len(value) <= self._max_chars:
+            # the key, the value when it is a new string, and the dict slot
+            size = sys.getsizeof(value) + (0 if out is value else sys.getsizeof(out)) + 64
+            if self._bytes + size > self._budget:
+                self._memo.clear()
+                self._bytes = 0
+            if size <= self._budget:
+                self._memo[value] = out
+                self._bytes += size
+        return out
 
 
 def mask_url(url: str) -> str:

@@ -4,29 +4,30 @@ A model that reads "404 not found" or "payment amount does not add up" tends to 
 the identical call after a varied ``think``, or the same booking with another amount. So
 failures count for the whole task, whatever succeeds in between: a success elsewhere may
 be the fix of a precondition, and then the retried call runs for real (known-bad memory
-follows the world, :mod:`loop_governor.known_bad`) -- but if it fails the same way again,
+follows the world, [`loop_governor.known_bad`][loop_governor.known_bad]) -- but if it fails the same way again,
 that failure counts. At ``repeated_error_threshold`` (default 3) the outcome becomes a
-:class:`~loop_governor.errors.LoopDetectedError` telling the model to stop, and the
-ladder takes it from there (:mod:`loop_governor.escalation`: withdraw, then stop).
+[`LoopDetectedError`][loop_governor.errors.LoopDetectedError] telling the model to stop, and the
+ladder takes it from there ([`loop_governor.escalation`][loop_governor.escalation]: withdraw, then stop).
 
 "The same way about the same thing" is
 
 * the same tool;
-* the same *entity* (:attr:`Call.subject <loop_governor.call.Call.subject>`): revised
+* the same *entity* ([Call.subject][loop_governor.call.Call.subject]): revised
   content -- another amount, a rewritten draft -- is the same question again, while
   another order id, date or file is another question: ten deleted orders are ten 404s,
   not one repeated ten times. An outage (a transient failure) is about the tool, whatever
   is asked;
-* the same error (:attr:`ErrorInfo.identity <loop_governor.classify.ErrorInfo.identity>`):
+* the same error ([ErrorInfo.identity][loop_governor.classify.ErrorInfo.identity]):
   numbers, ids and timestamps aside, names and quoted values kept -- a coding agent
   re-running a script after each ``pip install`` gets another missing module each time:
   the error changes, and it is iterating, not looping.
 
 Two things are no repeat, measured on recorded runs: parallel calls of one model turn (one
-decision, counted once), and a failure that comes back only after more than
-``REPEAT_GAP - 1`` other calls -- a re-check after real work, like a linter re-run after
-each round of edits in a successful coding run. Such a failure is not counted, and the
-count it would have added to stays where it was.
+decision, counted once), and a failure that comes back after something that may have fixed it
+([`loop_governor.fixes`][loop_governor.fixes]): an edit, a toggle, a call that *did* something -- a coding agent
+re-running its tests after each edit is iterating. A ``think``, a note or a new search in
+between only said something: the failure counts. Such a failure is not counted, and the count
+it would have added to stays where it was.
 """
 
 from __future__ import annotations
@@ -37,12 +38,8 @@ import xxhash
 
 from loop_governor.call import Call, Policy
 from loop_governor.errors import AgentToolError, ErrorType, LoopDetectedError
-from loop_governor.fingerprint import command_of, reads_only
+from loop_governor.fixes import fixed_since
 from loop_governor.runtime import Runtime
-
-# A failure counts again only if it comes back within this many tool calls of its last
-# occurrence (at most 3 calls in between: a loop's period is 2-4 -- fail, think, fail).
-REPEAT_GAP = 4
 
 
 def failure_key(call: Call, error: AgentToolError) -> str:
@@ -66,8 +63,7 @@ def _about(call: Call, outage: bool) -> str:
 
 
 def end_episodes(call: Call) -> None:
-    """``call`` succeeded: the failures of its question, and an outage of its tool, are over;
-    and if it may have changed state, it may be the fix of the tool's other failures."""
+    """``call`` succeeded: the failures of its question, and an outage of its tool, are over."""
     scope = call.scope
     if scope is None or call.name not in scope.failed_tools:
         return
@@ -75,26 +71,12 @@ def end_episodes(call: Call) -> None:
     for about in (call.name, _about(call, False)):
         if about in episodes:
             episodes[about] += 1
-    if not call.policy.read_only:
-        command = command_of(call.args, call.kwargs)
-        if command is None or not reads_only(command):
-            scope.fixed_at[call.name] = scope.tool_calls
-
-
-def fixed_since(call: Call, step: int) -> bool:
-    """Whether the same tool succeeded since tool call ``step`` with other arguments that may
-    change state -- a shell's edit, a file tool's write: a coding agent re-running a failing
-    check after each edit is iterating (measured on recorded coding runs, where an edit, the
-    same failing test, another edit, then a pass, is everyday work). A fix through *another*
-    tool is no such excuse: a failing call after a varied ``think`` or note is a loop."""
-    scope = call.scope
-    return scope is not None and scope.fixed_at.get(call.name, -1) > step
 
 
 def counts_again(call: Call, key: str) -> bool:
     """Whether this failure of ``call`` (under ``key``) counts as a repeat: not a parallel
-    call of the turn that already counted it, not a re-check after more than
-    ``REPEAT_GAP - 1`` other calls. Moves the key's last occurrence on."""
+    call of the turn that already counted it, not a try after something that may have fixed
+    it. Moves the key's last occurrence on."""
     scope = call.scope
     assert scope is not None
     step, decision = scope.tool_calls, scope.decision
@@ -104,7 +86,7 @@ def counts_again(call: Call, key: str) -> bool:
         return True
     if decision is not None and last[1] == decision:
         return False  # parallel calls of one model turn are one decision: counted once
-    return step - last[0] <= REPEAT_GAP and not fixed_since(call, last[0])
+    return not fixed_since(call, last[0])
 
 
 class RepeatedErrors(Policy):

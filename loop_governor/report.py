@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import MODEL, Call, Policy, Resumed
 from loop_governor.errors import AgentToolError
+from loop_governor.logs import level_of
 
 if TYPE_CHECKING:
     from loop_governor.classify import ErrorInfo
@@ -29,7 +30,18 @@ def tool_error(
     **fields: Any,
 ) -> None:
     """The ``tool_call`` event of a call that ended in ``info``: one shape for every way a
-    call can fail (failed, replayed known-bad, refused by an open breaker or a rate limit)."""
+    call can fail (failed, replayed known-bad, refused by an open breaker or a rate limit).
+
+    It carries what the model read: the tool's own (redacted) ``message`` and the
+    governor's ``advice``, beside the ``signature`` that groups failures alike."""
+    extra: dict[str, Any] = {"message": info.message}
+    advice = getattr(info, "advice", None)  # an ErrorInfo (a hook's refusal) has none
+    if advice:
+        extra["advice"] = advice
+    if info.status is not None:
+        extra["http_status"] = info.status
+    if info.code is not None:
+        extra["error_code"] = info.code
     events.emit(
         "tool_call",
         tool=tool,
@@ -38,6 +50,7 @@ def tool_error(
         signature=info.signature,
         attempts=attempts,
         duration_s=duration_s,
+        **extra,
         **fields,
     )
 
@@ -45,10 +58,16 @@ def tool_error(
 _REFUSAL_FLAGS = {"known_bad": "known_bad", "breaker": "circuit_open", "rate_limited": "rate_limited"}
 
 
-class Refusals(Policy):
-    """A call refused without being made (open breaker, rate limit, a known-bad call
-    replayed) is a ``call_refused`` event, listened to or not: the ``loop_governor``
-    logger warns about it (:mod:`loop_governor.logs`). Runs on failures only."""
+class Failures(Policy):
+    """How each failed call ended, as the model reads it: the ``tool_call`` event of a
+    failed tool call, and a ``call_refused`` event for a call refused without being made
+    (open breaker, rate limit, a known-bad call answered from memory).
+
+    Last in the chain but the stop ([`RunStop`][loop_governor.checkpointing.RunStop]), so
+    the events carry the final text -- the loop guards' warnings and withdrawals
+    included -- and come after the decisions that shaped it. In the chain whether or not
+    anyone listens: the ``loop_governor`` logger writes these lines
+    ([`loop_governor.logs`][loop_governor.logs]); a failure path, so nothing is spent on a success."""
 
     in_task_only = False
     __slots__ = ("rt",)
@@ -57,23 +76,58 @@ class Refusals(Policy):
         self.rt = rt
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
-        if call.attempt or call.stop_reason not in _REFUSAL_FLAGS:
+        events = self.rt.events
+        if call.stop_reason == "task_budget":
+            return error  # a spent task budget is its own event (budget_exhausted)
+        if call.kind == MODEL:
+            if not events.emitting and level_of("model_call") is not None:
+                # nobody listens, so Report made no model_call event: one for the logger
+                self._model_failure(call, error)
+            return error
+        if not events.emitting and level_of("tool_call") is None:
             return error
         info = error.info
-        self.rt.events.emit(
-            "call_refused",
-            tool=call.name,
-            kind=call.kind,
-            reason=_REFUSAL_FLAGS[call.stop_reason],
-            code=info.code,
-            message=info.message,
-            retry_after=info.retry_after,
-        )
+        fields: dict[str, Any] = {"call_key": call.key_if_known}
+        flag = _REFUSAL_FLAGS.get(call.stop_reason or "") if not call.attempt else None
+        if flag is not None:
+            fields[flag] = True
+        else:
+            fields["stop_reason"] = call.stop_reason
+        duration = (self.rt.clock() - call.started) if call.started else 0.0
+        tool_error(events, call.name, info, attempts=call.attempt, duration_s=duration, **fields)
+        if flag is not None:
+            events.emit(
+                "call_refused",
+                tool=call.name,
+                kind=call.kind,
+                reason=flag,
+                code=info.code,
+                message=info.message,
+                advice=info.advice,
+                retry_after=info.retry_after,
+            )
         return error
+
+    def _model_failure(self, call: Call, error: AgentToolError) -> None:
+        info = error.info
+        self.rt.events.emit(
+            "model_call",
+            model=call.name,
+            endpoint=call.name,
+            status="error",
+            attempts=call.attempt,
+            error_type=info.error_type.value,
+            signature=info.signature,
+            message=info.message,
+            stop_reason=call.stop_reason,
+            http_status=info.status,
+            error_code=info.code,
+        )
 
 
 class Report(Policy):
-    """Emits the call's event once it has an outcome (only while someone listens)."""
+    """Emits a successful call's event, and a failed model call's (only while someone
+    listens); a failed tool call's is [`Failures`][loop_governor.report.Failures]'."""
 
     in_task_only = False
     listeners_only = True
@@ -106,19 +160,9 @@ class Report(Policy):
         return result
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
-        events = self.rt.events
-        if not events.emitting or call.stop_reason == "task_budget":
-            return error  # a spent task budget is its own event (budget_exhausted)
-        if call.kind == MODEL:
+        # a failed tool call's event comes from Failures, once the text the model reads is final
+        if call.kind == MODEL and self.rt.events.emitting and call.stop_reason != "task_budget":
             self._model_call(call, None, error)
-            return error
-        fields: dict[str, Any] = {"call_key": call.key_if_known}
-        flag = _REFUSAL_FLAGS.get(call.stop_reason or "") if not call.attempt else None
-        if flag is not None:
-            fields[flag] = True
-        else:
-            fields["stop_reason"] = call.stop_reason
-        tool_error(events, call.name, error.info, attempts=call.attempt, duration_s=self._duration(call), **fields)
         return error
 
     def _duration(self, call: Call) -> float:
@@ -137,7 +181,12 @@ class Report(Policy):
             fields["fallback_from"] = call.fallback_from
         if error is not None:
             info = error.info
-            fields.update(error_type=info.error_type.value, signature=info.signature, stop_reason=call.stop_reason)
+            fields.update(
+                error_type=info.error_type.value,
+                signature=info.signature,
+                message=info.message,
+                stop_reason=call.stop_reason,
+            )
             if info.status is not None:
                 fields["http_status"] = info.status
             if info.code is not None:

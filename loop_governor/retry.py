@@ -2,7 +2,7 @@
 
 The first attempt runs outside tenacity (building a ``Retrying`` costs ~10 us, paid on
 every success otherwise). Only after a failure does the call enter tenacity, which then
-owns the loop: :class:`RetryLoop` supplies its ``retry`` / ``wait`` / ``stop`` /
+owns the loop: [`RetryLoop`][loop_governor.retry.RetryLoop] supplies its ``retry`` / ``wait`` / ``stop`` /
 ``before_sleep`` callbacks. The same object drives ``tenacity.Retrying`` and
 ``tenacity.AsyncRetrying``, so the sync and async governed calls share every decision.
 
@@ -57,11 +57,11 @@ def turn_floor(throttles: int) -> float:
 class RetryLoop:
     """tenacity's callbacks for one governed call (see the module docstring).
 
-    A throttle (HTTP 429, a provider's rate-limit code: :attr:`ErrorInfo.throttled`) on a
-    call that may wait (:attr:`Call.may_wait`: ``max_wait``, model calls by default, once
-    no fallback is left) is a turn to wait for, not a failed attempt: it does not count
-    against ``max_attempts``, and its Retry-After is honoured up to what is left of
-    ``max_wait`` rather than ``retry_max_delay``. Five
+    A throttle (HTTP 429, a provider's rate-limit code:
+    [`ErrorInfo.throttled`][loop_governor.classify.ErrorInfo.throttled]) on a call that may wait
+    ([`Call.may_wait`][loop_governor.call.Call.may_wait]: ``max_wait``, model calls by default, once no fallback is
+    left) is a turn to wait for, not a failed attempt: it does not count against ``max_attempts``, and its Retry-After
+    is honoured up to what is left of ``max_wait`` rather than ``retry_max_delay``. Five
     agents on one API key then take turns instead of spending their attempts together.
     """
 
@@ -147,6 +147,9 @@ class RetryLoop:
             signature=info.signature if info else None,
             status=info.status if info else None,
             code=info.code if info else None,
+            message=info.message if info else None,  # the tool's own words (the log line's)
+            max_attempts=call.policy.max_attempts,
+            throttle=call.waits_out_throttle,  # a turn waited for, not an attempt spent
         )
 
     def tenacity_kwargs(self) -> dict[str, Any]:

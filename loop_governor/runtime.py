@@ -1,6 +1,6 @@
 """What every policy of a governed call may use: config, store, clock, sleep, events.
 
-The :class:`~loop_governor.governor.Governor` builds one :class:`Runtime` and hands it to
+The [`Governor`][loop_governor.governor.Governor] builds one [`Runtime`][loop_governor.runtime.Runtime] and hands it to
 each policy, so a policy never reaches back into the facade (no import circle) and tests
 can build a policy with nothing but a runtime.
 """

@@ -16,9 +16,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.errors import FatalError
+from loop_governor.fixes import MOVERS_KEPT
 from loop_governor.keys import call_key
 from loop_governor.progress import ProgressGuard
-from loop_governor.redaction import redact
+from loop_governor.redaction import redact, redact_value
 from loop_governor.scope_vars import _SCOPE
 
 if TYPE_CHECKING:
@@ -43,6 +44,16 @@ def _result_text(value: Any) -> str:
     return text if len(text) <= PARTIAL_RESULT_CHARS else text[: PARTIAL_RESULT_CHARS - 3] + "..."
 
 
+NAME_CHARS = 80  # a task's readable name is cut to this many characters
+
+
+def readable_name(text: str, limit: int = NAME_CHARS) -> str:
+    """``text`` as a task's name on one line: whitespace runs collapsed, redacted, cut to
+    ``limit`` characters (a crew task's description can be a page long)."""
+    one_line = redact(" ".join(str(text).split()))
+    return one_line if len(one_line) <= limit else one_line[: limit - 1].rstrip() + "…"
+
+
 FINISHED_KEY = "finished_at"  # checkpoint metadata: when the task completed
 
 
@@ -50,7 +61,7 @@ class RunAbandoned(BaseException):
     """How an adapter ends a task whose run ended without telling it how (LangGraph's
     stream left unread, a crewAI kickoff cancelled between its hooks): ``task_end`` says
     ``abandoned``, with this text as the reason. A BaseException, as a cancellation; never
-    raised, only handed to :meth:`TaskScope.__exit__`."""
+    raised, only handed to `TaskScope.__exit__`."""
 
 
 class TaskScope:
@@ -75,12 +86,13 @@ class TaskScope:
         "error_turns",
         "failed_tools",
         "first_call_at",
-        "fixed_at",
         "governor",
         "known_bad",
         "last_invocation",
         "listed",
         "model_calls",
+        "movers",
+        "name",
         "polls",
         "progress",
         "results",
@@ -102,9 +114,11 @@ class TaskScope:
         "world",
     )
 
-    def __init__(self, governor: Governor, task_id: str, resume: bool | None = None) -> None:
+    def __init__(self, governor: Governor, task_id: str, resume: bool | None = None, name: str | None = None) -> None:
         self.governor = governor
         self.task_id = task_id
+        # what a person reads for this task (log lines, the report): the name given, else the id
+        self.name = readable_name(name) if name is not None else task_id
         # None: resume a checkpoint only if its task did not finish; True: resume it even
         # if it did; False: start over (the old checkpoint is replaced)
         self.resume = resume
@@ -124,7 +138,9 @@ class TaskScope:
         # -> how many of its failure episodes a success ended; the tools that ever failed
         self.episodes: dict[str, int] = {}
         self.failed_tools: set[str] = set()
-        self.fixed_at: dict[str, int] = {}  # tool -> the tool call its last possible fix came at
+        # the latest state-changing successes, (tool call number, call): what may have fixed a
+        # repeat is asked of them only when a repeat comes (loop_governor.fixes)
+        self.movers: deque[tuple[int, Any]] = deque(maxlen=MOVERS_KEPT)
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was
         # (the agent may have fixed the cause: pressed the brake, logged in, edited a file).
@@ -194,7 +210,7 @@ class TaskScope:
             self.results_saved = len(self.results)
             self.steps = self.checkpoint.step
         self._token = _SCOPE.set(self)
-        self.governor.emit("task_start")
+        self.governor.emit("task_start", name=self.name)
         return self
 
     def _resumes(self, loaded: TaskCheckpoint) -> bool:
@@ -206,11 +222,12 @@ class TaskScope:
 
     def outcome(self, exc: BaseException | None = None) -> dict[str, Any]:
         """How the task ended, for ``task_end``: ``outcome`` is ``completed``, ``stopped``
-        (a :class:`FatalError`: the governor or a fatal failure ended it), ``failed``
-        (another exception left the task) or ``cancelled`` (a ``CancelledError``, a
+        (a [`FatalError`][loop_governor.errors.FatalError]: the governor or a fatal failure ended it), ``failed``
+        (another exception left the task), ``cancelled`` (a ``CancelledError``, a
         ``KeyboardInterrupt``, a closed generator: the run was ended from outside) or
         ``abandoned`` (an adapter saw the run end without learning how:
-        :class:`RunAbandoned`), with the error's class, code and redacted reason."""
+        `RunAbandoned`), with the error's class, code and
+        redacted reason."""
         from loop_governor.checkpointing import stop_fields
 
         stop: BaseException | None = self.stop
@@ -227,10 +244,12 @@ class TaskScope:
         return {"outcome": "completed"}
 
     def partial_results(self) -> list[Any]:
-        """What the task got done: the ``add_result`` values, then the latest successful
-        tool results as ``{"tool": name, "result": text}`` (bounded, redacted); see
-        :class:`~loop_governor.errors.FatalError`."""
-        out = list(self.results)
+        """What the task got done: the ``add_result`` values (redacted), then the latest
+        successful tool results as ``{"tool": name, "result": text}`` (bounded, redacted); see
+        [`FatalError`][loop_governor.errors.FatalError]."""
+        # redacted here whatever the store: a checkpoint store keeps them redacted JSON,
+        # without one they are the values as given (an object: its redacted JSON form)
+        out = [redact_value(value, objects=True) for value in self.results]
         out.extend({"tool": tool, "result": _result_text(value)} for tool, value in list(self.tool_results))
         return out
 
@@ -287,7 +306,7 @@ class TaskScope:
         self.calls_by_tool[tool] = self.calls_by_tool.get(tool, 0) + 1
 
     def add_result(self, value: Any) -> None:
-        """Keep a sub-task result: a stop (any :class:`~loop_governor.errors.FatalError`)
+        """Keep a sub-task result: a stop (any [`FatalError`][loop_governor.errors.FatalError])
         hands it back first in ``partial_results``, and with a checkpoint store it is
         saved (JSON-checked, redacted) so a resume has it."""
         if self.checkpoint is None:

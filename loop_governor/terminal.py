@@ -4,8 +4,8 @@ The CLIs print names that came from agents and stores, not from the operator: ta
 tool names, call keys, error messages. One holding ``ESC [ 2 J`` clears the screen, an
 OSC 8 sequence plants a link, a bidi override makes ``rm`` target a different id than the
 one shown. Every CLI table cell and message built from such data goes through
-:func:`cell` (rich markup escaped too) or :func:`printable` (plain ``typer.echo`` output).
-Control characters are shown as visible escapes (``\\x1b``) rather than dropped, so two
+[`cell`][loop_governor.terminal.cell] (rich markup escaped too) or [`printable`][loop_governor.terminal.printable]
+(plain ``typer.echo`` output). Control characters are shown as visible escapes (``\\x1b``) rather than dropped, so two
 ids that differ only in them still look different.
 """
 
@@ -33,5 +33,6 @@ def printable(value: Any) -> str:
 
 
 def cell(value: Any) -> str:
-    """:func:`printable` text with rich markup escaped: for tables and ``console.print``."""
+    """[`printable`][loop_governor.terminal.printable] text with rich markup escaped: for tables and
+    ``console.print``."""
     return escape(printable(value))

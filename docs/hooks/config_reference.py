@@ -45,9 +45,14 @@ def _bounds(field: Any) -> str:
 
 def _cell(text: str) -> str:
     """One table cell: pipes escaped outside code spans (Python-Markdown's tables already
-    ignore a pipe inside backticks, and would show an escaped one literally there)."""
+    ignore a pipe inside backticks, and would show an escaped one literally there), and
+    the characters Markdown reads as emphasis (``random()*jitter`` lost its ``*``)."""
     parts = text.replace("\n", " ").split("`")
-    return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
+    return "`".join(part if i % 2 else _escaped(part) for i, part in enumerate(parts))
+
+
+def _escaped(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
 
 
 def table(path: str) -> str:

@@ -9,6 +9,6 @@ scripted model policies (obedient, stubborn, and one calibrated on recorded agen
 by ``loop-governor bench calibrate``), plus a jitter ablation of the governor's backoff.
 It is a simulation: it measures the system around a model, not a real model.
 ``--model PROVIDER:NAME`` puts a real OpenAI-compatible chat model in place of the
-scripted policies (:mod:`loop_governor.bench.real_model`). Framework imports happen only
+scripted policies ([`loop_governor.bench.real_model`][loop_governor.bench.real_model]). Framework imports happen only
 when the benchmark runs.
 """

@@ -1,8 +1,8 @@
 """How real agents react to a failed tool call, measured on recorded runs.
 
 ``loop-governor bench calibrate CORPUS --out calibration.json`` reads every run under
-CORPUS (the formats :func:`loop_governor.context.replay.load_runs` reads: mini-swe-agent
-JSON, tau-bench trajectory lists, plain message lists; each sub-directory is one
+CORPUS (the formats [`loop_governor.context.replay.load_runs`][loop_governor.context.replay.load_runs] reads:
+mini-swe-agent JSON, tau-bench trajectory lists, plain message lists; each sub-directory is one
 *source*) and writes the parameters of the benchmark's ``calibrated`` model policy. The
 shipped defaults (``calibration.json`` next to this module) are this command run on the
 project's shared corpus; the bench README quotes its figures.

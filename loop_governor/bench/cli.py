@@ -6,12 +6,9 @@ so ``import loop_governor`` and every other command stay framework-free.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -32,6 +29,7 @@ from loop_governor.bench.real_model import (
 )
 from loop_governor.bench.runner import FRAMEWORKS, total_steps
 from loop_governor.bench.tiers import DEFAULT_TIERS
+from loop_governor.cli_common import flag, usage_error
 
 DEFAULT_RUNS = 2
 DEFAULT_JSON = "loop-governor-bench.json"
@@ -42,7 +40,7 @@ def _policies(value: str) -> list[str]:
     chosen = list(POLICY_NAMES) if value.strip() == "all" else [p.strip() for p in value.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in POLICY_NAMES]
     if unknown or not chosen:
-        raise typer.BadParameter(f"unknown model policy {unknown}; choose from {', '.join(POLICY_NAMES)} or all")
+        usage_error(f"--model-policy: unknown model policy {unknown}; choose from {', '.join(POLICY_NAMES)} or all")
     return list(dict.fromkeys(chosen))
 
 
@@ -51,21 +49,6 @@ def _console() -> Console:
     if not console.is_terminal and console.width < 120:
         console = Console(width=120)  # the tables are unreadable folded at 80 columns
     return console
-
-
-@contextlib.contextmanager
-def _quiet_governor_log() -> Iterator[None]:
-    """The benchmark stops runs and refuses calls on purpose, thousands of times: its tables
-    say so. Without a handler of the application's, Python's last-resort handler would print
-    each of those WARNINGs; while the benchmark runs, a NullHandler takes them (the library
-    itself installs none)."""
-    logger = logging.getLogger("loop_governor")
-    quiet = logging.NullHandler()
-    logger.addHandler(quiet)
-    try:
-        yield
-    finally:
-        logger.removeHandler(quiet)
 
 
 def _progress() -> Progress:
@@ -99,14 +82,14 @@ def _scripted(
     try:
         picked = select_scenarios(names)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--scenarios") from None
+        usage_error(f"--scenarios: {exc}")
     try:
         params = load_calibration(calibration)
     except (OSError, ValueError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--calibration") from None
+        usage_error(f"--calibration: {exc}")
     passes = runs if runs is not None else DEFAULT_RUNS
     console = _console()
-    with _progress() as progress, _quiet_governor_log():
+    with _progress() as progress:
         task = progress.add_task("bench", total=total_steps(passes, frameworks, len(policies), len(picked)))
         result = run_bench(
             seed=seed,
@@ -137,16 +120,14 @@ def _model_plan(
     try:
         tiers = parse_tiers(tier)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--tier") from None
+        usage_error(f"--tier: {exc}")
     try:
         picked = select(tiers, names)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--scenarios") from None
+        usage_error(f"--scenarios: {exc}")
     formats = ERROR_FORMAT_CHOICES.get(error_format or "text")
     if formats is None:
-        raise typer.BadParameter(
-            f"choose from {', '.join(ERROR_FORMAT_CHOICES)}, got {error_format!r}", param_hint="--error-format"
-        )
+        usage_error(f"--error-format: choose from {', '.join(ERROR_FORMAT_CHOICES)}, got {error_format!r}")
     try:
         return Plan(
             settings,
@@ -157,7 +138,7 @@ def _model_plan(
             seed,
         )
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--temperature") from None
+        usage_error(f"--temperature: {exc}")
 
 
 def _real(plan: Plan, console: Console, json_path: Path, html_path: Path, full: bool) -> None:
@@ -179,7 +160,7 @@ def _real(plan: Plan, console: Console, json_path: Path, html_path: Path, full: 
         f"a seed per run); about {expected} model calls (what each task needs), at most {most} ({caps})",
         highlight=False,
     )
-    with _progress() as progress, _quiet_governor_log():
+    with _progress() as progress:
         task = progress.add_task("bench", total=plan.steps)
         result = run_model_bench(plan, progress=lambda label: progress.update(task, advance=1, description=label))
     json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -270,7 +251,7 @@ def register(app: typer.Typer) -> None:
         html_path: Annotated[Path, typer.Option("--html", help="where the HTML report is written")] = Path(
             DEFAULT_HTML
         ),
-        full: Annotated[bool, typer.Option("--full", help="print every table, not only the summary")] = False,
+        full: Annotated[bool, flag("full", "print every table, not only the summary")] = False,
     ) -> None:
         """Baseline vs framework built-ins vs governed, through real LangChain and crewAI agents.
 
@@ -284,7 +265,7 @@ def register(app: typer.Typer) -> None:
         chosen = [f.strip() for f in frameworks.split(",") if f.strip()]
         unknown = [f for f in chosen if f not in FRAMEWORKS]
         if unknown or not chosen:
-            raise typer.BadParameter(f"unknown framework(s) {unknown}; choose from {', '.join(FRAMEWORKS)}")
+            usage_error(f"--frameworks: unknown framework(s) {unknown}; choose from {', '.join(FRAMEWORKS)}")
         names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else None
         console = _console()
         started = time.perf_counter()
@@ -300,7 +281,7 @@ def register(app: typer.Typer) -> None:
             }
             needless = [name for name, value in given.items() if value is not None]
             if needless:
-                raise typer.BadParameter(f"{', '.join(needless)} need(s) --model", param_hint="--model")
+                usage_error(f"{', '.join(needless)} need(s) --model")
             _scripted(seed, runs, chosen, _policies(model_policy), names, calibration, json_path, html_path, full)
         else:
             try:
@@ -313,12 +294,12 @@ def register(app: typer.Typer) -> None:
                     temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
                 )
             except ValueError as exc:
-                raise typer.BadParameter(str(exc), param_hint="--model") from None
+                usage_error(f"--model: {exc}")
             plan = _model_plan(settings, seed, runs, chosen, tier, names, error_format)
             try:
                 check_endpoint(settings)
             except ValueError as exc:
-                raise typer.BadParameter(str(exc), param_hint="--base-url") from None
+                usage_error(f"--base-url: {exc}")
             _real(plan, console, json_path, html_path, full)
         console.print(f"[dim]{time.perf_counter() - started:.1f} s of real time[/dim]")
 
@@ -346,7 +327,7 @@ def register(app: typer.Typer) -> None:
         try:
             params = cal.calibrate(corpus)
         except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="CORPUS") from None
+            usage_error(f"CORPUS: {exc}")
         cal.write(params, out)
         console = _console()
         table = Table(title=f"failures and the next move, {corpus.name}")

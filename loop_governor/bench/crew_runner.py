@@ -16,7 +16,7 @@ crewAI is imported (no telemetry, no tracing, no network, no key).
   ``max_iter=60`` like the baseline.
 
 The model is a native function-calling ``BaseLLM`` whose moves come from
-:mod:`loop_governor.bench.policy`: each call is a request to the world's provider behind
+[`loop_governor.bench.policy`][loop_governor.bench.policy]: each call is a request to the world's provider behind
 the simulated SDK retry loop (``max_retries=2``, as crewAI's native OpenAI LLM has it),
 with its latency slept on the world's virtual clock. Around every LLM class's ``call``
 crewAI wraps its own rate-limit retry (3 attempts, 1 s / 2 s or ``retry-after``, ±20 %),

@@ -1,10 +1,10 @@
 """What keeps a benchmark world reproducible and attributable: seeded draws, request owners.
 
 Randomness in the simulation (flaky time slots, model latency, a model policy's choices,
-an SDK's jitter) is :func:`unit_hash` of what the draw is about, never a shared random
-generator, so the same seed gives the same world whatever each arm does in between.
+an SDK's jitter) is [`unit_hash`][loop_governor.bench.determinism.unit_hash] of what the draw is about, never a shared
+random generator, so the same seed gives the same world whatever each arm does in between.
 Every request to a service or to the model provider is attributed to the task in
-:data:`CURRENT_TASK`.
+[`CURRENT_TASK`][loop_governor.bench.determinism.CURRENT_TASK].
 """
 
 from __future__ import annotations

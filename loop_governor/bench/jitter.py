@@ -10,8 +10,8 @@ the question is the backoff's spread); the governor runs once with its default j
 ``retry_jitter=0`` (each delay times exactly 0.5: no spread, and a shorter mean wait).
 
 Measured: ``peak_concurrent_retries``, the most retries in flight at once at the service
-(:func:`loop_governor.bench.world.peak_concurrent_retries`), per world; the JSON gives
-the maximum and the mean over ``runs`` seeded worlds. Three settings:
+([`loop_governor.bench.world.peak_concurrent_retries`][loop_governor.bench.world.peak_concurrent_retries]), per world;
+the JSON gives the maximum and the mean over ``runs`` seeded worlds. Three settings:
 
 * ``fast_errors`` (the comparison): errors in 0.1 s, the breaker's threshold raised
   above the number of failures so that every retry the backoff schedules is sent;

@@ -19,8 +19,8 @@ loop_governor`` never loads it).
   results are plain strings, so the governor can checkpoint them and a restarted task
   resumes); the middleware governs every model call.
 
-The model (:class:`PolicyChatModel`) is a request to the world's provider behind the
-simulated SDK retry loop (``max_retries=2``, as a ChatOpenAI user has it); it raises the
+The model ([`PolicyChatModel`][loop_governor.bench.lc_runner.PolicyChatModel]) is a request to the world's provider
+behind the simulated SDK retry loop (``max_retries=2``, as a ChatOpenAI user has it); it raises the
 provider's errors as langchain-openai does, as classes that are both the provider error
 and LangChain's ``ModelRateLimitError`` / ``ModelAPIError`` (``is_retryable``). The
 governed arm calls the adapter's copy of it, with ``max_retries=0``.
@@ -101,7 +101,7 @@ def _as_langchain(exc: ProviderError) -> ProviderError:
 
 
 class PolicyChatModel(BaseChatModel):
-    """A LangChain chat model whose replies come from :mod:`loop_governor.bench.policy`."""
+    """A LangChain chat model whose replies come from [`loop_governor.bench.policy`][loop_governor.bench.policy]."""
 
     spec: Any
     world: Any

@@ -6,7 +6,7 @@ same worlds (the same faults at the same virtual times), so the arms differ only
 system around the model and in what the model happened to sample.
 
 Per tier and arm the result holds the success rate with its 95% interval
-(:mod:`loop_governor.bench.stats`), tool executions, model calls, identical repeats and
+([`loop_governor.bench.stats`][loop_governor.bench.stats]), tool executions, model calls, identical repeats and
 what a failed task still delivered; and a verdict that reads the figures: where no arm
 finished any task, the model is too weak for the tier and the arms are not ranked;
 otherwise it names the arms whose success rates differ beyond the interval, or says that
@@ -118,7 +118,8 @@ def parse_tiers(value: str | None) -> tuple[int, ...] | None:
 
 def select(tiers: Sequence[int] | None, names: Sequence[str] | None) -> list[tuple[Tier, Scenario]]:
     """The (tier, scenario) pairs to run, in tier order. No names: every scenario of the tiers
-    (default :data:`DEFAULT_TIERS`). Names without tiers: those scenarios, from any tier."""
+    (default [`DEFAULT_TIERS`][loop_governor.bench.model_bench.DEFAULT_TIERS]). Names without tiers: those scenarios,
+    from any tier."""
     chosen = tiers if tiers is not None else (tuple(TIERS) if names else DEFAULT_TIERS)
     pairs = [(TIERS[t], s) for t in chosen for s in TIERS[t].scenarios]
     if not names:

@@ -2,8 +2,8 @@
 
 One row per tier and agent: the success rate with its 95% interval, tool executions,
 model calls, identical repeats and what a failed task kept; under the table, what each
-tier's figures say (:func:`loop_governor.bench.model_bench.verdict`). No cell is coloured
-by rank: a lead smaller than the interval is noise, and the verdict line says which
+tier's figures say ([`loop_governor.bench.model_bench.verdict`][loop_governor.bench.model_bench.verdict]). No cell is
+coloured by rank: a lead smaller than the interval is noise, and the verdict line says which
 differences are not.
 """
 
@@ -119,6 +119,38 @@ def print_model_tables(result: dict[str, Any], console: Console) -> None:
             console.print(table)
 
 
+# What each column of the page holds, in the line under each table (issue 35: nothing on a
+# page the CLI writes is a header the reader has to guess).
+EXPLAINED: dict[str, str] = {
+    "tier": "tier 1: one goal and one fault per task; tier 2: multi-step plans",
+    "scenario": "the simulated service fault the tasks meet",
+    "framework": "langchain or crewai",
+    "agent": "the plain agent as the framework ships it, the framework's own remedies switched on, or the same "
+    "agent with loop-governor",
+    "finished [95% interval]": "tasks that delivered every required result, of all run, with the 95% Wilson "
+    "interval of that rate",
+    "tool calls": "requests that reached the simulated services, per task (retries included)",
+    "model calls": "requests that reached the model, per task",
+    "identical repeats": "requests re-sending exactly (same tool, same arguments) a call whose last answer was a "
+    "failure, whoever re-sent it (the model, a framework's retry or the governor), per task",
+    "kept when failed": "results a failed task still delivered, on average (share of the required ones)",
+    "model s/call": "real seconds per model call",
+    "empty / malformed": "model replies with no text and no valid tool call / with a tool call that could not run",
+    "how failed tasks ended": "incomplete (the model stopped without the goal), the task's model-call or time cap, "
+    "or the error that ended the run, with how many tasks each",
+    "verdict": "too weak: no agent finished any task; differ: some agents' success rates differ beyond the 95% "
+    "interval of the difference; no difference: none do",
+}
+
+
+def _explained(labels: list[str]) -> str:
+    return (
+        '<p class="cols">Columns — '
+        + "; ".join(f"<b>{html.escape(c)}</b>: {html.escape(EXPLAINED[c])}" for c in labels)
+        + ".</p>"
+    )
+
+
 def model_html(result: dict[str, Any]) -> str:
     """One self-contained page: the summary, each tier's verdict, the tables per scenario and
     framework, and the settings."""
@@ -134,14 +166,22 @@ def model_html(result: dict[str, Any]) -> str:
                 out += "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
         return out
 
-    def head(first: str, columns: tuple[tuple[str, Cell], ...], verdicts: bool) -> str:
+    def labels_of(first: str, columns: tuple[tuple[str, Cell], ...], verdicts: bool) -> list[str]:
         labels = [first, "agent", *(label.replace("\n", " ") for label, _ in columns)]
-        labels += ["verdict"] if verdicts else []
-        return "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in labels) + "</tr>"
+        return labels + (["verdict"] if verdicts else [])
+
+    def head(first: str, columns: tuple[tuple[str, Cell], ...], verdicts: bool) -> str:
+        return "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in labels_of(first, columns, verdicts)) + "</tr>"
+
+    def table(first: str, parts: dict[str, Any], columns: tuple[tuple[str, Cell], ...], verdicts: bool) -> str:
+        return (
+            f"<table>{head(first, columns, verdicts)}{rows(parts, columns, verdicts)}</table>"
+            + _explained(labels_of(first, columns, verdicts))
+        )
 
     tiers = result["tiers"]
     summary = {f"{n}: {t['title']}": t for n, t in tiers.items()}
-    body = f"<table>{head('tier', COLUMNS, False)}{rows(summary, COLUMNS, False)}</table>"
+    body = table("tier", summary, COLUMNS, False)
     verdicts = (
         f"<li><strong>tier {html.escape(n)}</strong>: {html.escape(t['verdict']['text'])}.</li>"
         for n, t in tiers.items()
@@ -149,16 +189,16 @@ def model_html(result: dict[str, Any]) -> str:
     body += "<ul>" + "".join(verdicts) + "</ul>"
     for n, t in tiers.items():
         body += f"<h2>Tier {html.escape(n)}, by scenario</h2>"
-        body += f"<table>{head('scenario', DETAIL, True)}{rows(t['per_scenario'], DETAIL, True)}</table>"
+        body += table("scenario", t["per_scenario"], DETAIL, True)
         if len(t["per_framework"]) > 1:
             body += f"<h2>Tier {html.escape(n)}, by framework</h2>"
-            body += f"<table>{head('framework', DETAIL, True)}{rows(t['per_framework'], DETAIL, True)}</table>"
+            body += table("framework", t["per_framework"], DETAIL, True)
     settings = html.escape(json.dumps({"model": result["model"], **result["settings"]}, indent=2, sort_keys=True))
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>loop-governor bench --model</title>"
         "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,td:nth-child(2){text-align:left}"
-        "pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}</style></head><body>"
+        "pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}p.cols{font-size:13px;color:#555}</style></head><body>"
         f"<h1>{html.escape(_title(result))}</h1><p><strong>{html.escape(result['note'])}</strong></p>"
         f"<p>model at {html.escape(str(result['model']['endpoint']))}; scenarios: "
         f"{html.escape(', '.join(result['scenarios']))}</p>"

@@ -19,7 +19,7 @@ This is not a language model. It is a fixed policy, the same for every arm, chos
 * ``calibrated``: after each failure it repeats the identical call, retries with changed
   arguments, switches to another tool or gives up on the sub-task with the
   probabilities real agents showed on the shared corpus, per kind of failure and per
-  position in a streak (:mod:`loop_governor.bench.calibrate` measures them; the shipped
+  position in a streak ([`loop_governor.bench.calibrate`][loop_governor.bench.calibrate] measures them; the shipped
   ``calibration.json`` holds them). Its choices are seeded draws, one per failure.
 
 At the end (or when told to stop) it answers ``DONE delivered=<ids> skipped=<ids>``: the

@@ -8,7 +8,7 @@ the user message, crewAI as the agent's goal and the task's description), the do
 A scripted model follows its plan without being told; a real one has to be told the plan.
 In tier 2 each task prompt is the scenario's goal followed by its steps: the tool call each
 step needs, with its exact arguments, and the fallback tool where the plan has one. In
-tier 1 it is one request in a user's words (:class:`~loop_governor.bench.tiers.GoalTask`).
+tier 1 it is one request in a user's words ([`GoalTask`][loop_governor.bench.tiers.GoalTask]).
 No prompt names the fault or gives advice on errors: how the model reacts to a failing
 call is what the benchmark measures.
 """

@@ -4,8 +4,8 @@ Every model turn of a benchmark task is a request to this provider (``Provider.r
 whatever the arm, so the provider's request log is where model calls, their failures and
 the billed prompt tokens are counted -- the cost driver beside the tool calls.
 
-Faults are provider-shaped exceptions (:class:`ProviderError`): ``status_code``, ``code``,
-``type``, ``body`` and ``response.headers`` laid out like the openai SDK's
+Faults are provider-shaped exceptions ([`ProviderError`][loop_governor.bench.provider.ProviderError]): ``status_code``,
+``code``, ``type``, ``body`` and ``response.headers`` laid out like the openai SDK's
 ``APIStatusError`` (an Anthropic-style body for 529), so ``lg.classify``, crewAI's
 rate-limit retry and the simulated SDK read them as they read the real ones. The bench
 must not import ``openai`` (it is a test-only dependency; ``make demo`` installs only

@@ -7,13 +7,13 @@ arms. The governed arms govern those very clients (the adapters switch their SDK
 off, as they do in production).
 
 Every HTTP request the model client sends passes through two httpx event hooks on the
-client it is given (:class:`Meter`). They are the benchmark's view of the model, the
+client it is given ([`Meter`][loop_governor.bench.real_model.Meter]). They are the benchmark's view of the model, the
 counterpart of the simulated provider's request log:
 
 * before a request: the task's caps. A task may send at most ``max_model_calls``
   requests and run ``task_seconds`` of real time from its first one; past either the
-  request is not sent and the task stops (:class:`ModelBudgetExceeded`, reason
-  ``model_call_cap`` / ``model_time_cap``), so a run always ends whatever the model does.
+  request is not sent and the task stops ([`ModelBudgetExceeded`][loop_governor.bench.real_model.ModelBudgetExceeded],
+  reason ``model_call_cap`` / ``model_time_cap``), so a run always ends whatever the model does.
   The request's read timeout is cut to the time left; a request that gets no response
   (a timeout, a refused connection) is a failed model call.
 * after a response: one model call in the task's log (``Provider.requests``), with its
@@ -87,7 +87,8 @@ class ModelSettings:
     """Which model, where, how it samples, and the caps that bound a task.
 
     ``max_model_calls`` / ``task_seconds`` left ``None`` take the tier's caps
-    (:meth:`for_tier`); ``seed`` is the sampling seed of one run (:meth:`for_run`).
+    ([`for_tier`][loop_governor.bench.real_model.ModelSettings.for_tier]); ``seed`` is the sampling seed of one run
+    ([`for_run`][loop_governor.bench.real_model.ModelSettings.for_run]).
     """
 
     provider: str

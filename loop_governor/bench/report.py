@@ -166,7 +166,7 @@ _SUMMARY: tuple[tuple[str, str, Any], ...] = (
 def print_summary(result: dict[str, Any], console: Console, *, json_path: Any, html_path: Any) -> None:
     """The short account ``loop-governor bench`` prints: per model policy, each arm's
     headline figures over every scenario run, and where the full tables are (a real
-    model's: :mod:`loop_governor.bench.model_report`)."""
+    model's: [`loop_governor.bench.model_report`][loop_governor.bench.model_report])."""
     table = Table(
         title=f"loop-governor bench: {len(result.get('scenarios') or ())} scenarios, "
         f"{' + '.join(result['frameworks'])}, {result['runs']} run(s)",
@@ -218,8 +218,8 @@ def print_table(result: dict[str, Any], console: Console) -> None:
         caption=result["note"],
     )
     table.add_column("metric")
-    table.add_column("published incident\nwithout governor", justify="right", style="dim")
-    table.add_column("published incident\nwith governor", justify="right", style="dim")
+    table.add_column("incident report:\nno governor", justify="right", style="dim")
+    table.add_column("incident report:\ngoverned", justify="right", style="dim")
     for arm in ARMS:
         table.add_column(arm, justify="right", style="bold green" if arm == "governed" else None)
     seed = result["seed_published"]
@@ -245,6 +245,43 @@ def print_table(result: dict[str, Any], console: Console) -> None:
 
 
 # -- HTML --------------------------------------------------------------------------------
+
+_INCIDENT = (
+    "figures published in the incident report these tool-fault scenarios reproduce (20 controlled runs of "
+    "real agents)"
+)
+_ARMS_EXPLAINED = {
+    "baseline": "the agent as the framework ships it (a bare create_agent, a plain crew)",
+    "builtins": "the framework's own remedies switched on (LangChain's ToolRetryMiddleware, ToolErrorMiddleware, "
+    "ToolCallLimitMiddleware and ModelRetryMiddleware; crewAI's ToolFailure returns and max_iter)",
+    "governed": "the same agent with loop-governor (GovernorMiddleware / govern_tools and install)",
+}
+_SUMMARY_EXPLAINED = {
+    "tool_calls_per_task": "requests that reached the simulated services, per task (retries included)",
+    "model_calls_per_task": "requests that reached the model provider, per task (retries included)",
+    "failed_tasks": "tasks that did not deliver every required sub-result, of all tasks run",
+    "subtasks_delivered_on_failure": "sub-results a failed task still delivered, on average",
+}
+
+
+def _columns(pairs: list[tuple[str, str]]) -> str:
+    """The line under a table that explains each of its columns."""
+    explained = "; ".join(f"<b>{html.escape(name)}</b>: {html.escape(why)}" for name, why in pairs)
+    return f'<p class="cols">Columns — {explained}.</p>'
+
+
+def _arm_columns() -> list[tuple[str, str]]:
+    return [(arm, _ARMS_EXPLAINED[arm]) for arm in ARMS]
+
+
+def _metrics_note(keys: list[tuple[str, str]]) -> str:
+    """What each metric row measures (the runner's own definitions)."""
+    from loop_governor.bench.runner import METRIC_DEFINITIONS
+
+    found = [(label, METRIC_DEFINITIONS.get(key) or _SUMMARY_EXPLAINED.get(key)) for label, key in keys]
+    explained = "; ".join(f"<b>{html.escape(label)}</b>: {html.escape(why)}" for label, why in found if why)
+    return f'<p class="cols">Rows — {explained}.</p>' if explained else ""
+
 
 _COLORS = {"baseline": "#c0392b", "builtins": "#e67e22", "governed": "#27ae60"}
 
@@ -358,28 +395,57 @@ def html_report(result: dict[str, Any]) -> str:
         extra += (
             "<h2>Where governance does not win</h2><table><tr><th>policy</th><th>framework</th><th>scenario</th>"
             f"<th>metric</th><th>governed</th><th>better arm</th></tr>{losses}</table>"
+            + _columns(
+                [
+                    ("policy", "the scripted model's behaviour (obedient, stubborn, calibrated)"),
+                    ("framework", "langchain or crewai"),
+                    ("scenario", "the simulated fault"),
+                    ("metric", "the figure on which the governed agent did worse"),
+                    ("governed", "the governed agent's figure"),
+                    ("better arm", "the agent that did better, and its figure"),
+                ]
+            )
         )
     if jitter_rows:
         extra += (
             "<h2>Jitter ablation: peak concurrent retries, mean (max) over worlds</h2><table><tr><th>setting</th>"
             "<th>error latency</th><th>retry_jitter=0.5</th><th>retry_jitter=0</th><th>mean peak cut</th></tr>"
             f"{jitter_rows}</table>"
+            + _columns(
+                [
+                    ("setting", "the failing service's behaviour (fast errors, the default breaker, slow errors)"),
+                    ("error latency", "how long the service takes to fail"),
+                    ("retry_jitter=0.5", "peak concurrent retries at the service with the default jitter"),
+                    ("retry_jitter=0", "the same without jitter (retries in lock-step)"),
+                    ("mean peak cut", "how much lower the mean peak is with jitter"),
+                ]
+            )
         )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>loop-governor bench</title>"
         "<style>body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
-        "svg{display:block;margin:1em 0}pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}</style></head><body>"
+        "svg{display:block;margin:1em 0}pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}"
+        "p.cols{font-size:13px;color:#555}</style></head><body>"
         f"<h1>loop-governor bench</h1><p><strong>{html.escape(result['note'])}</strong></p>"
         f"<p>random seed {result['seed']}, {result['runs']} run(s), "
         f"frameworks: {html.escape(', '.join(frameworks))}, scenarios: "
         f"{html.escape(', '.join(result.get('scenarios') or []))}</p>"
         + _policy_html(result)
         + "<h2>Tool-fault scenarios, first model</h2>"
-        "<table><tr><th>metric</th><th>published incident without governor</th>"
-        "<th>published incident with governor</th>"
+        "<table><tr><th>metric</th><th>incident report: no governor</th>"
+        "<th>incident report: governed</th>"
         + "".join(f"<th>{arm}</th>" for arm in ARMS)
         + f"</tr>{rows}</table>"
+        + _columns(
+            [
+                ("metric", "what is measured, per task of the tool-fault scenarios (the rows below)"),
+                ("incident report: no governor", f"{_INCIDENT}, without a governor ('-': not reported)"),
+                ("incident report: governed", f"{_INCIDENT}, with one ('-': not reported)"),
+                *_arm_columns(),
+            ]
+        )
+        + _metrics_note([(label, key) for label, key, _ in _ROWS])
         + "".join(charts)
         + extra
         + f"<h2>Settings (identical faults and model policy for every arm)</h2><pre>{settings}</pre>"
@@ -390,7 +456,7 @@ def html_report(result: dict[str, Any]) -> str:
 def _policy_html(result: dict[str, Any]) -> str:
     """The summary table: per model policy and arm, over every scenario run."""
     rows = _SUMMARY
-    head = "".join(f"<th>{html.escape(label)}</th>" for label, _, _ in rows)
+    head = "".join(f"<th>{html.escape(label.replace(chr(10), ' '))}</th>" for label, _, _ in rows)
     body = ""
     for name in result.get("model_policies_run", []):
         arms = result["model_policies"][name]
@@ -401,8 +467,15 @@ def _policy_html(result: dict[str, Any]) -> str:
                 + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
                 + "</tr>"
             )
+    explained = [
+        ("model policy", "the scripted model's behaviour (see below)"),
+        ("agent", "; ".join(f"{_ARM_LABEL[arm]}: {_ARMS_EXPLAINED[arm]}" for arm in ARMS)),
+        *((label.replace("\n", " "), _SUMMARY_EXPLAINED[key]) for label, key, _ in rows),
+    ]
     return (
         f"<h2>Summary: every scenario run</h2><table><tr><th>model policy</th><th>agent</th>{head}</tr>{body}</table>"
+        + _columns(explained)
+        + f'<p class="cols">{html.escape(_POLICY_LEGEND)}</p>'
     )
 
 

@@ -292,7 +292,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run everything; returns the JSON-ready result (deterministic for a given seed).
     ``scenarios``: a subset by name (default: all). A real model runs through
-    :mod:`loop_governor.bench.model_bench` instead."""
+    [`loop_governor.bench.model_bench`][loop_governor.bench.model_bench] instead."""
     calibration = calibration if calibration is not None else policy.load_calibration()
     chosen = select_scenarios(scenarios)
     behaviours = [policy.make_behaviour(name, calibration) for name in dict.fromkeys(policies)]

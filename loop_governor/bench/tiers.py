@@ -319,7 +319,7 @@ def _poll_tasks(prefix: str) -> list[TaskSpec]:
 
 
 def _answers(**answers: Answerer | str) -> Callable[[], dict[str, Answerer]]:
-    """Services' own answers: a fixed text or an :data:`Answerer`."""
+    """Services' own answers: a fixed text or an [`Answerer`][loop_governor.bench.tiers.Answerer]."""
 
     def fixed(text: str) -> Answerer:
         return lambda ds, tool, kwargs, t: text

@@ -6,7 +6,7 @@ built-ins and the governed agent alike. Randomness ("flaky" services, model late
 is a hash of (seed, world, tool, time slot) or (seed, task, turn), so the same seed
 gives the same faults whatever the agent does in between. The exceptions are limits
 that answer to load, as real ones do: a service's capacity (requests in flight) and
-the API key's request limit (:mod:`loop_governor.bench.provider`).
+the API key's request limit ([`loop_governor.bench.provider`][loop_governor.bench.provider]).
 
 The scenarios are the incidents the seeds describe, plus faults of the model call
 itself (see ``SCENARIOS``).
@@ -147,8 +147,8 @@ class TaskSpec:
     def delivered_from(self, requests: list[Request], answer: str | None) -> list[str]:
         """The sub-tasks a real model's work delivered, from the services' log of its
         ``requests`` and its final ``answer`` (``None``: the run was stopped): those its
-        successful calls deliver (:meth:`delivered_by`). One-goal tasks score otherwise
-        (:class:`loop_governor.bench.tiers.GoalTask`)."""
+        successful calls deliver ([`delivered_by`][loop_governor.bench.world.TaskSpec.delivered_by]). One-goal tasks
+        score otherwise ([`loop_governor.bench.tiers.GoalTask`][loop_governor.bench.tiers.GoalTask])."""
         return self.delivered_by([(r.tool, r.args) for r in requests if r.ok])
 
     def delivered_by(self, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -251,7 +251,8 @@ class Downstream:
         return _peak_in_flight([r for r in self.requests if tool is None or r.tool == tool])
 
     def peak_retry_rate(self, tool: str | None = None, window_s: float = 1.0) -> int:
-        """Most retries to one service starting within ``window_s`` (see :func:`peak_retry_rate`)."""
+        """Most retries to one service starting within ``window_s`` (see
+        [`peak_retry_rate`][loop_governor.bench.world.Downstream.peak_retry_rate])."""
         requests = [r for r in self.requests if tool is None or r.tool == tool]
         return peak_retry_rate(requests, window_s)
 
@@ -302,8 +303,8 @@ def identical_repeats(requests: list[Request]) -> int:
 
 
 def peak_retry_rate(requests: list[Request], window_s: float = 1.0) -> int:
-    """The retry-storm metric: most *retries* (:func:`retries_of`) reaching one service
-    within any ``window_s``.
+    """The retry-storm metric: most *retries* ([`retries_of`][loop_governor.bench.world.retries_of]) reaching one
+    service within any ``window_s``.
 
     First attempts never count, so the first wave of concurrent tasks, which sets the
     peak concurrency, does not set this. The window slides (every ``[t, t + window_s)``),
@@ -324,8 +325,8 @@ def peak_retry_rate(requests: list[Request], window_s: float = 1.0) -> int:
 
 
 def peak_concurrent_retries(requests: list[Request]) -> int:
-    """Most retries (:func:`retries_of`) in flight at once at one service: the retry wave's
-    load on the service, which jitter is meant to flatten."""
+    """Most retries ([`retries_of`][loop_governor.bench.world.retries_of]) in flight at once at one service: the retry
+    wave's load on the service, which jitter is meant to flatten."""
     return _peak_in_flight(retries_of(requests))
 
 

@@ -5,8 +5,8 @@
 >>> cp = store.load("task-1") or TaskCheckpoint(task_id="task-1")  # doctest: +SKIP
 >>> cp.record_success(call_key, result); store.save(cp)        # doctest: +SKIP
 
-See :mod:`loop_governor.checkpoint.base` for the rules every store follows, and
-:mod:`loop_governor.checkpoint.journal` for how a save writes only what changed.
+See [`loop_governor.checkpoint.base`][loop_governor.checkpoint.base] for the rules every store follows, and
+[`loop_governor.checkpoint.journal`][loop_governor.checkpoint.journal] for how a save writes only what changed.
 """
 
 from loop_governor.checkpoint.base import CheckpointStore

@@ -5,7 +5,7 @@ Rules (tested for every store):
 * ``save(cp)`` is atomic: a reader sees the old checkpoint or the new one, never a mix,
   even if the writer is killed mid-save.
 * ``save(cp)`` writes what changed since ``cp`` was last loaded or saved (one journal
-  record, see :mod:`loop_governor.checkpoint.journal`), so its cost does not grow with
+  record, see [`loop_governor.checkpoint.journal`][loop_governor.checkpoint.journal]), so its cost does not grow with
   the task; now and then it writes a full snapshot instead (compaction, first save,
   ``force``, or a checkpoint the store did not produce). A failed save leaves the
   changes in ``cp`` for the next one.

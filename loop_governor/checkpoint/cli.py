@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Annotated
-from urllib.parse import unquote, urlsplit
 
 import typer
 from rich.console import Console
@@ -21,6 +19,7 @@ from loop_governor.checkpoint.base import CheckpointStore
 from loop_governor.checkpoint.errors import CheckpointError
 from loop_governor.checkpoint.model import TaskCheckpoint
 from loop_governor.checkpoint.url import checkpoint_store_from_url
+from loop_governor.cli_common import flag, missing_local_store, usage_error
 from loop_governor.redaction import mask_url, redact
 from loop_governor.terminal import cell
 
@@ -34,6 +33,7 @@ StoreOption = Annotated[
     ),
 ]
 TaskArg = Annotated[str, typer.Argument(help="The task id.")]
+_EXPECTED = "expected an existing checkpoint store: file:///dir, sqlite:///path.db or redis://host:port/db"
 
 
 def _url(store: str | None) -> str:
@@ -46,11 +46,9 @@ def _url(store: str | None) -> str:
     try:
         url = GovernorConfig().checkpoint_url
     except Exception as exc:  # an invalid setting in the environment or the config file
-        raise typer.BadParameter(redact(str(exc)), param_hint="LOOP_GOVERNOR_*") from None
+        usage_error(f"invalid LOOP_GOVERNOR_* setting: {redact(str(exc))}")
     if not url:
-        raise typer.BadParameter(
-            "no checkpoint store: pass --store URL or set LOOP_GOVERNOR_CHECKPOINT_URL", param_hint="--store"
-        )
+        usage_error(f"no checkpoint store: pass --store URL or set LOOP_GOVERNOR_CHECKPOINT_URL ({_EXPECTED})")
     return url
 
 
@@ -62,17 +60,12 @@ def _open(store: str | None) -> CheckpointStore:
         _must_exist(url)
         return checkpoint_store_from_url(url)
     except (ValueError, CheckpointError, ImportError) as exc:
-        raise typer.BadParameter(redact(str(exc)), param_hint="--store") from None
+        usage_error(f"{redact(str(exc))}: {_EXPECTED}")
 
 
 def _must_exist(url: str) -> None:
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-    path: Path | None = None
-    if scheme == "file":
-        path = Path(unquote(urlsplit(url).path))
-    elif scheme == "sqlite" and url.startswith("sqlite:///"):
-        path = Path(unquote(url[len("sqlite:///") :].split("?", 1)[0]))
-    if path is not None and str(path) and not path.exists():
+    path = missing_local_store(url)
+    if path is not None:
         raise ValueError(f"no checkpoint store at {mask_url(url)}: {path} does not exist")
 
 
@@ -137,7 +130,7 @@ def ls(store: StoreOption = None) -> None:
 def show(
     task_id: TaskArg,
     store: StoreOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the checkpoint as JSON.")] = False,
+    as_json: Annotated[bool, flag("json", "Print the checkpoint as JSON.")] = False,
 ) -> None:
     """Show one checkpoint: completed calls, known-bad calls and sub-task results."""
     console = Console()
@@ -185,7 +178,7 @@ def show(
 def rm(
     task_id: TaskArg,
     store: StoreOption = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    yes: Annotated[bool, flag("yes", "Do not ask for confirmation.", "-y")] = False,
 ) -> None:
     """Remove a task's checkpoint (the task will start from scratch next time)."""
     console = Console()

@@ -41,7 +41,8 @@ def checksum(version: int, body: bytes) -> str:
 
 
 def checksum_parts(version: int, parts: list[bytes]) -> str:
-    """:func:`checksum` of the concatenation of ``parts`` (XXH3 streams: no joined copy)."""
+    """[`checksum`][loop_governor.checkpoint.codec.checksum] of the concatenation of ``parts`` (XXH3 streams: no joined
+    copy)."""
     digest = xxhash.xxh3_64(seed=version % 2**64)
     for part in parts:
         digest.update(part)
@@ -57,7 +58,7 @@ def legacy_checksum(version: int, body: bytes) -> str:
 def parse_body(task_id: str, version: int, digest: str, body: bytes) -> dict[str, Any]:
     """Verify a stored snapshot body and parse it to a JSON object (not validated yet).
 
-    Raises :class:`CorruptData`, or ``CheckpointSchemaError`` for a newer schema.
+    Raises [`CorruptData`][loop_governor.checkpoint.codec.CorruptData], or ``CheckpointSchemaError`` for a newer schema.
     """
     expected = legacy_checksum(version, body) if len(digest) == 8 else checksum(version, body)
     if expected != digest:

@@ -25,7 +25,8 @@ of the directory after a snapshot's rename) or before its ack.
 
 Kills must also land during compaction, the one multi-step write: workers take
 ``store_options`` (e.g. ``compact_min_bytes=8192, compact_ratio=0``, a compaction every
-~20 saves), and :func:`file_store_state` tells from the files what a kill interrupted.
+~20 saves), and [`file_store_state`][loop_governor.checkpoint.crashcheck.file_store_state] tells from the files what a
+kill interrupted.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def file_store_state(store: FileCheckpointStore, task_id: str) -> str:
     ``"stale journal"``: killed after a compaction's snapshot rename, before the journal
     was emptied; ``"torn record"``: killed mid-append; ``"torn journal start"``: killed
     while restarting the journal; ``"clean"`` otherwise. (A kill mid-snapshot-write
-    shows as a new ``.tmp-*.part`` file instead: see :func:`temp_files`.)
+    shows as a new ``.tmp-*.part`` file instead: see [`temp_files`][loop_governor.checkpoint.crashcheck.temp_files].)
     """
     try:
         snapshot = snapshot_header(store.path_for(task_id).read_bytes())

@@ -1,6 +1,6 @@
 """The file store's journal: one framed record per line, appended and fsynced.
 
-Layout of ``<stem>.ckpt.journal``, every line framed the same way::
+Layout of ``<stem>.ckpt.journal``, every line framed the same way:
 
     <payload> <version:16 hex> <xxh3:16 hex> <payload length:16 hex>\\n
 
@@ -64,7 +64,8 @@ def parse_header(data: bytes) -> tuple[tuple[int, str] | None, int]:
     """``((snapshot version, snapshot checksum), end of the header line)`` from the start
     of a journal; ``(None, 0)`` when the header line is torn (not even one full line).
 
-    Raises :class:`CorruptData` for a complete first line that is not a valid header.
+    Raises [`CorruptData`][loop_governor.checkpoint.codec.CorruptData] for a complete first line that is not a valid
+    header.
     """
     end = data.find(b"\n", 0, HEADER_MAX)
     if end < 0:

@@ -1,13 +1,14 @@
 """Checkpoints as files in a directory: a snapshot per task plus an append-only journal.
 
-``<stem>.ckpt.json`` is the snapshot, plain JSON (readable with ``jq .checkpoint``)::
+``<stem>.ckpt.json`` is the snapshot, plain JSON (readable with ``jq .checkpoint``):
 
     {"lg_checkpoint":3,"version":N,"xxh3":"<16 hex>","checkpoint":{...}}
 
 ``<stem>.ckpt.journal`` holds one framed record per save since that snapshot (see
-:mod:`loop_governor.checkpoint.file_journal`). A save appends its record and fsyncs the
+[`loop_governor.checkpoint.file_journal`][loop_governor.checkpoint.file_journal]). A save appends its record and fsyncs
+the
 journal: the same cost at call 5000 as at call 5. Once the journal outgrows the snapshot
-(:class:`~loop_governor.checkpoint.journal.Compaction`), a save writes a new snapshot
+([`Compaction`][loop_governor.checkpoint.journal.Compaction]), a save writes a new snapshot
 instead, the crash-atomic way (temp file, fsync, ``os.replace``, directory fsync), and
 only then empties the journal: a kill at any instant leaves either the old snapshot with
 its journal, or the new snapshot with a journal that names the old one and is ignored.
@@ -106,7 +107,8 @@ def encode_task_id(task_id: str) -> str:
 
 
 def decode_task_id(stem: str) -> str | None:
-    """Inverse of :func:`encode_task_id`; ``None`` for hashed (long) or foreign names.
+    """Inverse of [`encode_task_id`][loop_governor.checkpoint.file_store.encode_task_id]; ``None`` for hashed (long) or
+    foreign names.
 
     Only the canonical spelling decodes ("%61" is not another name for "a"), so one id
     is never listed twice.
@@ -489,8 +491,9 @@ class FileCheckpointStore:
         """Task ids with a checkpoint, sorted.
 
         A hashed (long-id) file name does not spell its id: the id is read from the
-        file. Files whose task cannot be told are not task ids: :meth:`unidentified`
-        names them (``checkpoints ls`` shows them as corrupt).
+        file. Files whose task cannot be told are not task ids:
+        [`unidentified`][loop_governor.checkpoint.file_store.FileCheckpointStore.unidentified] names them (``checkpoints
+        ls`` shows them as corrupt).
         """
         return sorted(task_id for task_id, _ in self._scan() if task_id is not None)
 

@@ -6,7 +6,7 @@ changes. The governor saves after every call, so a record is one completed call,
 known-bad call or one sub-result, and a save costs the same at call 5000 as at call 5.
 Loading is the snapshot plus its records, in order.
 
-A record is one line of compact JSON (ASCII, so never a raw newline)::
+A record is one line of compact JSON (ASCII, so never a raw newline):
 
     {"v":7,"t":1712345678.5,"step":7,
      "c":[["+",key,value],["=",key,value],["-",key]],     completed: insert, replace, remove
@@ -149,7 +149,8 @@ class PendingSave:
         return policy.due(journal_bytes + len(self.record), snapshot_bytes)
 
     def snapshot_parts(self) -> list[bytes]:
-        """The whole checkpoint as body parts (see :meth:`TaskCheckpoint.encode_parts`).
+        """The whole checkpoint as body parts (see
+        [`TaskCheckpoint.encode_parts`][loop_governor.checkpoint.model.TaskCheckpoint.encode_parts]).
 
         ``results`` stop where the changes were taken: one appended since (by another
         thread) belongs to the next save's record, and must not be in both.
@@ -239,8 +240,8 @@ def replay(
     """The checkpoint a snapshot ``(version, checksum, body)`` and its journal records
     ``[(version, checksum, payload), ...]`` (in order) describe.
 
-    Raises :class:`CorruptData` (``part`` says whether the snapshot or the journal is
-    bad) or ``CheckpointSchemaError``.
+    Raises [`CorruptData`][loop_governor.checkpoint.codec.CorruptData] (``part`` says whether the snapshot or the
+    journal is bad) or ``CheckpointSchemaError``.
     """
     version, digest, body = snapshot
     doc = parse_body(task_id, version, digest, body)

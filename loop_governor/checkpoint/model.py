@@ -8,12 +8,12 @@ call and records into it after.
 
 Everything stored is plain JSON (never pickle: a checkpoint is loaded from disk, and
 unpickling is code execution), and every string is passed through
-:func:`loop_governor.redaction.redact` before it is kept (values under secret-named keys,
+[`loop_governor.redaction.redact`][loop_governor.redaction.redact] before it is kept (values under secret-named keys,
 ``{"password": ...}``, are masked whole), so secrets never reach disk.
 
 A save writes only what changed since the last one (see
-:mod:`loop_governor.checkpoint.journal`): ``completed``, ``known_bad`` and ``results``
-are containers that record their own changes (:mod:`loop_governor.checkpoint.tracking`).
+[`loop_governor.checkpoint.journal`][loop_governor.checkpoint.journal]): ``completed``, ``known_bad`` and ``results``
+are containers that record their own changes ([`loop_governor.checkpoint.tracking`][loop_governor.checkpoint.tracking]).
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def to_json_value(value: Any, serializer: Serializer | None = None, where: str =
 
     Stricter than ``json.dumps``: tuples, non-string dict keys and NaN/infinity are
     refused, because they would come back *different* on resume (a list, a string key,
-    invalid JSON), and so is nesting deeper than :data:`MAX_DEPTH`. A ``serializer`` is
-    asked to convert any value that is not JSON.
+    invalid JSON), and so is nesting deeper than [`MAX_DEPTH`][loop_governor.checkpoint.model.MAX_DEPTH]. A
+    ``serializer`` is asked to convert any value that is not JSON.
     """
     try:
         return _convert(value, serializer, 0)
@@ -333,8 +333,8 @@ class TaskCheckpoint(BaseModel):
     def encode_parts(
         self, updated_at: float | None, serializer: Serializer | None = None, *, results_end: int | None = None
     ) -> list[bytes]:
-        """:meth:`encode_body` as a list of byte strings, for stores that write them
-        without joining (``writev``).
+        """[`encode_body`][loop_governor.checkpoint.model.TaskCheckpoint.encode_body] as a list of byte strings, for
+        stores that write them without joining (``writev``).
 
         ``version`` lives in each store's envelope (file header, SQL column, Redis
         field) because the store, not the writer, decides it. Values recorded through

@@ -3,7 +3,7 @@
 Each task is one hash ``<prefix><task_id>``: the snapshot in fields ``version``,
 ``checksum`` and ``body`` (the layout earlier releases wrote), and one field
 ``j:<version>`` per save since (that save's changes, see
-:mod:`loop_governor.checkpoint.journal`), with ``jhead``/``jtail`` naming the last one.
+[`loop_governor.checkpoint.journal`][loop_governor.checkpoint.journal]), with ``jhead``/``jtail`` naming the last one.
 A save is one script call that checks the stored version and adds one field, so it
 costs the same at call 5000 as at call 5; once the journal outgrows the snapshot, a
 save replaces the snapshot and drops the journal fields in the same script. Redis runs

@@ -2,7 +2,7 @@
 
 Per task, a snapshot row in ``lg_checkpoints`` (the whole checkpoint, as before) and one
 row per save since in ``lg_checkpoint_journal`` (that save's changes, see
-:mod:`loop_governor.checkpoint.journal`): a save inserts one small row, so it costs the
+[`loop_governor.checkpoint.journal`][loop_governor.checkpoint.journal]): a save inserts one small row, so it costs the
 same at call 5000 as at call 5. Once the journal outgrows the snapshot, a save rewrites
 the snapshot row and deletes the journal rows in the same transaction.
 
@@ -262,7 +262,8 @@ class SQLiteCheckpointStore:
 
 
 def _typed(row: Row, part: str, index: int | None = None) -> tuple[int, str, bytes]:
-    """A stored row with the column types a record needs, or :class:`CorruptData`."""
+    """A stored row with the column types a record needs, or
+    [`CorruptData`][loop_governor.checkpoint.codec.CorruptData]."""
     version, digest, body = row
     if isinstance(body, str):
         body = body.encode("utf-8")

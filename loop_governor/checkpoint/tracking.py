@@ -41,7 +41,8 @@ def fold(changes: dict[str, int], key: str, op: int) -> None:
 
 
 class TrackedDict(dict[str, Any]):
-    """A dict that records, per key, how it changed since the last :meth:`take`.
+    """A dict that records, per key, how it changed since the last
+    [`take`][loop_governor.checkpoint.tracking.TrackedDict.take].
 
     ``raw`` keys hold values put in directly (``cp.completed[k] = v``), which a save must
     still convert (JSON check, redaction); values recorded through the checkpoint's
@@ -142,10 +143,10 @@ class TrackedDict(dict[str, Any]):
     def take(self) -> tuple[dict[str, int], list[tuple[str, int, Any, bool]]]:
         """The changes since the last take, and each changed key's current value.
 
-        Returns ``(changes, entries)``: ``changes`` to hand back with :meth:`untake` if
-        the save fails; ``entries`` as ``(key, op, value, raw)`` (value ``None`` for a
-        removal), read in the same locked step as the changes, so a value and its ``raw``
-        flag always belong together.
+        Returns ``(changes, entries)``: ``changes`` to hand back with
+        [`untake`][loop_governor.checkpoint.tracking.TrackedDict.untake] if the save fails; ``entries`` as ``(key, op,
+        value, raw)`` (value ``None`` for a removal), read in the same locked step as the changes, so a value and its
+        ``raw`` flag always belong together.
         """
         with self._lock:
             changes, self._changes = self._changes, {}
@@ -281,8 +282,8 @@ class TrackedList(list[Any]):
     def take(self, start: int) -> tuple[bool, int, list[tuple[Any, bool]]]:
         """``(rewritten, end, entries)``: items ``start:end`` as ``(value, raw)``.
 
-        ``rewritten`` is reset (hand it back with :meth:`untake` if the save fails); when
-        it is set, ``entries`` is empty: the save writes everything anyway.
+        ``rewritten`` is reset (hand it back with [`untake`][loop_governor.checkpoint.tracking.TrackedList.untake] if
+        the save fails); when it is set, ``entries`` is empty: the save writes everything anyway.
         """
         with self._lock:
             rewritten, self._rewritten = self._rewritten, False

@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from loop_governor.terminal import cell
+from loop_governor.cli_common import usage_error
+from loop_governor.terminal import cell, printable
 
 from .replay import POLICY_NOTES, default_policies, load_runs, provider_calibration, replay
 
@@ -23,6 +24,9 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
+_EXPECTED = "expected recorded agent runs (.json or .json.gz files of OpenAI-style messages) or directories of them"
+
+
 def replay_command(
     paths: Annotated[list[Path], typer.Argument(help="Run files (.json, .json.gz) or directories.")],
     cache_price: Annotated[float, typer.Option(help="Price of a cached prompt token (uncached = 1).")] = 0.1,
@@ -31,13 +35,13 @@ def replay_command(
     """Replay agent runs through raw, LangChain ClearToolUsesEdit, seed head/tail and ours."""
     for p in paths:
         if not p.exists():
-            raise typer.BadParameter(f"{p} does not exist")
+            usage_error(f"{printable(p)} does not exist: {_EXPECTED}")
     unreadable: list[Path] = []
     runs = load_runs(paths, unreadable)
     if unreadable:
         Console(stderr=True).print(f"skipped {len(unreadable)} unreadable file(s), first: {cell(unreadable[0])}")
     if not runs:
-        raise typer.BadParameter("no runs found in the given paths")
+        usage_error(f"no runs found in {', '.join(printable(p) for p in paths)}: {_EXPECTED}")
     rows = replay(runs, default_policies(), cache_price)
     console = Console(width=max(140, Console().width))
     table = Table(title=f"{len(runs)} runs, {rows[0]['requests']} requests, cache price {cache_price}")

@@ -1,11 +1,11 @@
 """Emergency compaction: a prompt the model refused as too long, made to fit.
 
 When a provider answers ``context_length_exceeded`` the cached prefix is lost anyway, so
-the cache-aware batching of :class:`~loop_governor.context.ContextPruner` has nothing to
+the cache-aware batching of [`ContextPruner`][loop_governor.context.pruner.ContextPruner] has nothing to
 protect: a one-off pruner with the tightest settings stubs every old tool result and
 tool-call argument, trims old prose and huge fresh results, and keeps the system
 prompt, the first user message, pinned messages and every tool-call/result pair intact.
-The governed model call retries once on the result (see :mod:`loop_governor.compaction`).
+The governed model call retries once on the result (see [`loop_governor.compaction`][loop_governor.compaction]).
 """
 
 from __future__ import annotations

@@ -174,8 +174,8 @@ class IncrementalSummarizer:
         return _reply_text(reply)
 
     async def _aask(self, prompt: str) -> str:
-        """:meth:`_ask` without blocking the event loop: ``ainvoke`` or an async callable
-        is awaited, a synchronous model runs in a worker thread."""
+        """[`_ask`][loop_governor.context.summarizer.IncrementalSummarizer._ask] without blocking the event loop:
+        ``ainvoke`` or an async callable is awaited, a synchronous model runs in a worker thread."""
         model = self.model
         if hasattr(model, "ainvoke"):
             reply = await model.ainvoke(_chat(prompt))
@@ -213,7 +213,8 @@ class IncrementalSummarizer:
         return plan if isinstance(plan, list) else self._commit(plan, self._ask(plan.prompt))
 
     async def asummarize(self, messages: Sequence[Any]) -> list[Any]:
-        """:meth:`summarize` for async agents: the model call does not block the loop."""
+        """[`summarize`][loop_governor.context.summarizer.IncrementalSummarizer.summarize] for async agents: the model
+        call does not block the loop."""
         plan = self._plan(messages)
         return plan if isinstance(plan, list) else self._commit(plan, await self._aask(plan.prompt))
 

@@ -10,8 +10,8 @@ core never imports an agent framework.
 Messages come from models, frameworks and checkpoints the pruner does not control, so the
 codecs read defensively: a field of an unexpected type (``tool_calls: 5``, a string as
 ``function``, a list as an id) reads as absent, and a message of no known kind (``None``,
-a bare string) gets the :data:`OPAQUE_CODEC`: role "other", nothing to prune, passed
-through as it is.
+a bare string) gets the [`OPAQUE_CODEC`][loop_governor.context.view.OPAQUE_CODEC]: role "other", nothing to prune,
+passed through as it is.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loop_governor.breaker import BreakerState
+from loop_governor.cli_common import flag, missing_local_store, usage_error
 from loop_governor.redaction import redact
 from loop_governor.stores import Store, store_from_url
 from loop_governor.terminal import cell, printable
@@ -47,19 +48,21 @@ def _store_url(option: str | None) -> str:
     return GovernorConfig().store_url
 
 
+_EXPECTED = "expected the agents' shared store: sqlite:///path/state.db or redis://host:port/db"
+
+
 def _open_store(option: str | None) -> Store:
     url = _store_url(option)
     err = Console(stderr=True)
     if url.lower().startswith("memory://"):
-        err.print(
-            "[red]memory:// state lives inside each agent process; pass --store sqlite:///... or redis://...[/red]"
-        )
-        raise typer.Exit(2)
+        usage_error(f"memory:// state lives inside each agent process, no command can read it: {_EXPECTED}")
+    missing = missing_local_store(url)
+    if missing is not None:  # opening it would create an empty store: "no breakers" for a typo
+        usage_error(f"no store at {printable(redact(url))}: {printable(missing)} does not exist: {_EXPECTED}")
     try:
         store = store_from_url(url)
     except (ValueError, ImportError) as exc:
-        err.print(f"[red]{cell(redact(str(exc)))}[/red]")
-        raise typer.Exit(2) from None
+        usage_error(f"{redact(str(exc))}: {_EXPECTED}")
     ping = getattr(store, "ping", None)
     if ping is not None and not ping():
         # The agents' store falls back to local state silently; an operator's command must not.
@@ -81,7 +84,7 @@ def _when(ts: float) -> str:
 def breakers(
     ctx: typer.Context,
     store: StoreOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: Annotated[bool, flag("json", "Print JSON instead of a table.")] = False,
 ) -> None:
     """List every breaker the store knows (state, consecutive failures, when it opened)."""
     ctx.obj = store

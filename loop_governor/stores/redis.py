@@ -2,7 +2,7 @@
 
 Every state change is one Lua script, so a transition is atomic across the fleet:
 exactly one caller moves an open breaker to half-open and gets the probe. The scripts
-mirror :mod:`loop_governor.breaker` line by line (a differential test runs both on random
+mirror [`loop_governor.breaker`][loop_governor.breaker] line by line (a differential test runs both on random
 operation sequences); the pure Python functions remain the specification.
 
 Hot path: a closed breaker is admitted in one round trip (one HMGET), and the clock is
@@ -24,13 +24,13 @@ tag -- so no command crosses slots) or a Sentinel-managed primary (``redis+senti
 Valkey speaks the same protocol and runs the same scripts.
 
 A server that cannot share state is a configuration error at construction
-(:class:`~loop_governor.stores.base.StoreConfigError`): a cluster node behind a plain
+([`StoreConfigError`][loop_governor.stores.base.StoreConfigError]): a cluster node behind a plain
 URL (``MOVED``), a read-only replica (``READONLY``), a Sentinel port, refused
 credentials. A server that is merely down is not: the store starts on local state.
 
 Redis unreachable (or misbehaving) during a run: the store never raises into the agent.
-It switches to an in-process :class:`MemoryStore`, reports ``store_fallback`` through
-``on_event`` and the log, retries the connection with capped exponential backoff
+It switches to an in-process [`MemoryStore`][loop_governor.stores.memory.MemoryStore], reports ``store_fallback``
+through ``on_event`` and the log, retries the connection with capped exponential backoff
 (inline, at most once per backoff interval, with short socket timeouts), and on success
 merges what happened meanwhile (opened breakers, budget spent, known-bad calls, error
 signatures) back into Redis and reports ``store_recovered``. A server found unfit when
@@ -422,7 +422,7 @@ _MERGE_ROUNDS = 8
 
 
 class RedisStore:
-    """The :class:`~loop_governor.stores.base.Store` protocol on Redis, for a fleet of processes.
+    """The [`Store`][loop_governor.stores.base.Store] protocol on Redis, for a fleet of processes.
 
     ``url``: ``redis://[user:pass@]host:port/db``, ``rediss://...``, ``unix:///path``,
     ``redis+cluster://[user:pass@]host:port[,host:port...]`` (a Redis Cluster: redis-py's
@@ -449,8 +449,8 @@ class RedisStore:
     ``server_time``: run shared breakers and buckets on the server's clock (default);
     False uses the ``now`` the governor passes (virtual time in tests).
 
-    Raises :class:`StoreConfigError` (a ``ValueError``) at construction when the server
-    answers but cannot share state (see the module docstring); a server that does not
+    Raises [`StoreConfigError`][loop_governor.stores.base.StoreConfigError] (a ``ValueError``) at construction when the
+    server answers but cannot share state (see the module docstring); a server that does not
     answer is an outage: the store starts on local state and reconnects.
     """
 
@@ -566,8 +566,8 @@ class RedisStore:
         self._rate = client.register_script(_RATE_LUA)
 
     def _start(self) -> None:
-        """Connect and inspect the server: unfit is a :class:`StoreConfigError`, unreachable
-        an outage from the start (local state, reconnect later)."""
+        """Connect and inspect the server: unfit is a [`StoreConfigError`][loop_governor.stores.base.StoreConfigError],
+        unreachable an outage from the start (local state, reconnect later)."""
         try:
             if self._redis is None:
                 self._bind(self._make_client())
@@ -583,9 +583,10 @@ class RedisStore:
             self._fail("connect", exc)
 
     def _inspect(self, *, starting: bool) -> None:
-        """Is this a server whose state the fleet shares? Raises :class:`StoreConfigError`
-        if not (a cluster node behind a plain URL, a replica, a Sentinel, a primary that
-        came back empty after a failover). A cluster client checked its nodes connecting."""
+        """Is this a server whose state the fleet shares? Raises
+        [`StoreConfigError`][loop_governor.stores.base.StoreConfigError] if not (a cluster node behind a plain URL, a
+        replica, a Sentinel, a primary that came back empty after a failover). A cluster client checked its nodes
+        connecting."""
         if self._cluster:
             self._redis.ping()
             return

@@ -1,9 +1,9 @@
 """Agent Lens: what the model saw at each decision, as a JSONL trace, OTel spans and a report.
 
-``install(governor, path)`` subscribes a :class:`Lens` to the governor's event bus. Model
+``install(governor, path)`` subscribes a [`Lens`][loop_governor.trace.lens.Lens] to the governor's event bus. Model
 calls are stored with the hashes of the messages the model saw (each distinct message
-once, in a snapshot store beside the trace), so :func:`rebuild_prompt` gives back any
-turn's exact prompt; detectors flag cache misses, repeated errors, context growth and low
+once, in a snapshot store beside the trace), so [`rebuild_prompt`][loop_governor.trace.store.rebuild_prompt] gives back
+any turn's exact prompt; detectors flag cache misses, repeated errors, context growth and low
 context health as ``"anomaly"`` events; ``loop-governor report`` renders one HTML page.
 """
 

@@ -2,7 +2,7 @@
 
 An entry count bounds nothing when entries vary from 50 bytes to 100 KB: 8192 memoized
 prompt messages of 100 KB each are 800 MB. Every cache the Lens keeps for the life of the
-process is therefore a :class:`BoundedMemo` with a byte budget, and per-task state is
+process is therefore a [`BoundedMemo`][loop_governor.trace.budget.BoundedMemo] with a byte budget, and per-task state is
 dropped at ``task_end``.
 
 Hand-written rather than ``cachetools.LRUCache(getsizeof=...)``: that would be a new core
@@ -31,7 +31,8 @@ class TraceBudget:
     * ``stored_hashes``: hashes of messages the snapshot store holds (the store's dedup);
       once evicted, a message that comes back is written again: readers keep one copy;
     * ``record_memo``: redacted short strings of event records (tool names, task ids);
-    * ``anomalies``: the most recent anomaly events kept for :attr:`Lens.anomalies`.
+    * ``anomalies``: the most recent anomaly events kept for
+      [`Lens.anomalies`][loop_governor.trace.lens.Lens.anomalies].
     """
 
     snapshot_memo: int = 8 * MiB

@@ -12,11 +12,11 @@ Split in two halves because the governed call is a hot path (target: tracing add
   redact, serialize, append to the JSONL trace and snapshot store, build the spans.
 
 A failing sink never breaks the agent: every sink call is guarded, failures are counted
-in :attr:`Lens.failures` and logged once per sink.
+in [`Lens.failures`][loop_governor.trace.lens.Lens.failures] and logged once per sink.
 
 Memory stays bounded over any number of tasks: every long-lived cache has a byte budget
-(:class:`~loop_governor.trace.budget.TraceBudget`) and per-task state (detectors, open
-spans) is dropped at ``task_end``; :meth:`Lens.memory` reports what each cache holds.
+([`TraceBudget`][loop_governor.trace.budget.TraceBudget]) and per-task state (detectors, open
+spans) is dropped at ``task_end``; [`Lens.memory`][loop_governor.trace.lens.Lens.memory] reports what each cache holds.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ _JUDGED = frozenset({"model_call", "task_end", "anomaly"})
 
 
 class _Governor(Protocol):
-    def subscribe(self, fn: Callable[[dict[str, Any]], None]) -> Any: ...
+    def subscribe(self, fn: Callable[[dict[str, Any]], None], *, raw: bool = ...) -> Any: ...
 
     def emit(self, event: str, **fields: Any) -> Any: ...
 
@@ -149,7 +149,8 @@ class Lens:
         return out
 
     def _keep_anomaly(self, event: Mapping[str, Any]) -> None:
-        """Remember an anomaly for :attr:`anomalies` within the byte budget (under the lock)."""
+        """Remember an anomaly for [`anomalies`][loop_governor.trace.lens.Lens.anomalies] within the byte budget (under
+        the lock)."""
         anomaly = dict(event)
         size = len(_ENCODER.encode(anomaly)) + 200  # the dict and its values, roughly
         self._anomalies.append((anomaly, size))
@@ -364,9 +365,10 @@ def install(
     spans: bool = True,
     budget: TraceBudget | None = None,
 ) -> Lens:
-    """Attach a :class:`Lens` to ``governor``: JSONL trace at ``path`` (if given), OTel spans
+    """Attach a [`Lens`][loop_governor.trace.lens.Lens] to ``governor``: JSONL trace at ``path`` (if given), OTel spans
     through ``tracer_provider`` (default: the global one), anomalies emitted on the governor;
     ``budget`` bounds its caches in bytes."""
     lens = Lens(path, tracer_provider, emit=governor.emit, detectors=detectors, spans=spans, budget=budget)
-    governor.subscribe(lens)
+    # raw: the Lens redacts in its writer thread (records.Redactor), off the agent's path
+    governor.subscribe(lens, raw=True)
     return lens

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from loop_governor.redaction import is_secret_key, mask_secret, redact
+from loop_governor.redaction import MAX_DEPTH, TOO_DEEP, TextMemo, is_secret_key, mask_secret
 from loop_governor.trace.budget import BoundedMemo, MiB
 
 # Top-level record fields whose values are closed vocabularies written by the governor or
@@ -57,33 +57,14 @@ class Redactor:
     which costs one redaction per string and keeps the hit path a plain ``dict.get``.
     """
 
-    _MAX_CHARS = 256  # longer strings rarely repeat; they are redacted each time
-
     def __init__(self, budget: int = 1 * MiB) -> None:
-        self._memo: dict[str, str] = {}
-        self._bytes = 0
-        self._budget = budget
+        # longer strings rarely repeat; they are redacted each time
+        self.text = TextMemo(budget, max_chars=256)
 
     @property
     def bytes(self) -> int:
         """Estimated bytes the memo holds (<= the budget)."""
-        return self._bytes
-
-    def text(self, value: str) -> str:
-        hit = self._memo.get(value)
-        if hit is not None:
-            return hit
-        out = redact(value)
-        if len(value) <= self._MAX_CHARS:
-            # the key, the value when it is a new string, and the dict slot
-            size = sys.getsizeof(value) + (0 if out is value else sys.getsizeof(out)) + 64
-            if self._bytes + size > self._budget:
-                self._memo.clear()
-                self._bytes = 0
-            if size <= self._budget:
-                self._memo[value] = out
-                self._bytes += size
-        return out
+        return self.text.bytes
 
     def record(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """A redacted copy of a flat event record (the hot case: mostly scalars).
@@ -99,28 +80,33 @@ class Redactor:
                 out[key] = self.value(value, key)
         return out
 
-    def value(self, value: Any, key: str | None = None) -> Any:
-        """A redacted copy of ``value``; ``key`` is the dict key it sits under, if any."""
+    def value(self, value: Any, key: str | None = None, depth: int = MAX_DEPTH) -> Any:
+        """A redacted copy of ``value``; ``key`` is the dict key it sits under, if any.
+        Containers nested deeper than ``MAX_DEPTH`` (or a cycle) become ``TOO_DEEP``."""
         if key is not None and is_secret_key(key):
-            return self._masked(value)
+            return self._masked(value, depth)
         if isinstance(value, str):
             return self.text(value)
         if value is None or isinstance(value, (bool, int, float)):
             return value
+        if isinstance(value, (Mapping, list, tuple)) and depth <= 0:
+            return TOO_DEEP
         if isinstance(value, Mapping):
-            return {str(k): self.value(v, str(k)) for k, v in value.items()}
+            return {str(k): self.value(v, str(k), depth - 1) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self.value(v) for v in value]
+            return [self.value(v, None, depth - 1) for v in value]
         return self.text(str(value))
 
-    def _masked(self, value: Any) -> Any:
+    def _masked(self, value: Any, depth: int) -> Any:
         """A value under a secret-named key (``{"password": ...}``): every string masked whole."""
         if value is None or isinstance(value, (bool, int, float)):
             return value
+        if isinstance(value, (Mapping, list, tuple)) and depth <= 0:
+            return TOO_DEEP
         if isinstance(value, Mapping):
-            return {str(k): self._masked(v) for k, v in value.items()}
+            return {str(k): self._masked(v, depth - 1) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self._masked(v) for v in value]
+            return [self._masked(v, depth - 1) for v in value]
         return mask_secret(value if isinstance(value, str) else str(value))  # text, masked whole
 
 

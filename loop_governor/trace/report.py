@@ -16,6 +16,16 @@ from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from loop_governor.trace.reading import (
+    FROM_CHECKPOINT,
+    FROM_MEMORY,
+    NOT_MADE,
+    OUTCOMES,
+    REFUSED_WITHDRAWN,
+    call_outcome,
+    model_read,
+    task_names,
+)
 from loop_governor.trace.records import canonical_json
 from loop_governor.trace.store import Trace, load_trace
 
@@ -55,6 +65,8 @@ ol.prompt{margin:8px 0;padding-left:34px} ol.prompt li{margin:0 0 8px}
 pre{white-space:pre-wrap;word-break:break-word;margin:2px 0 0;background:#f4f5f7;padding:6px 8px;
   border-radius:4px;font:12px/1.4 ui-monospace,Menlo,Consolas,monospace;max-height:420px;overflow:auto}
 li.kept pre{background:#f4f5f7} li.fresh pre{background:#e8f1fd}
+p.cols{font-size:12px;color:#5b6472;margin:6px 0 0} p.cols b{color:#1d2330;font-weight:600}
+span.notmade{color:#6a1b9a;font-style:italic} span.made.failed{color:#c62828}
 svg text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif}
 """
 
@@ -100,7 +112,7 @@ def _axis(value: float) -> tuple[float, int]:
 
 
 # -- charts ---------------------------------------------------------------------------
-def _tokens_chart(calls: Sequence[dict[str, Any]], flagged: set[int]) -> str:
+def _tokens_chart(calls: Sequence[dict[str, Any]], flagged: set[int], names: dict[Any, str]) -> str:
     """Stacked bars per model call: cached input, uncached input, output."""
     if not calls:
         return '<p class="muted">No model calls in this trace.</p>'
@@ -135,8 +147,10 @@ def _tokens_chart(calls: Sequence[dict[str, Any]], flagged: set[int]) -> str:
                 'stroke="#9aa3b0" stroke-dasharray="3,3"/>'
             )
         if task != prev_task:
+            label = str(names.get(task, task))
+            label = label if len(label) <= 48 else label[:47] + "…"
             out.append(
-                f'<text x="{left + slot * i + 3:.1f}" y="{top - 6}" font-size="11" fill="#5b6472">{_e(task)}</text>'
+                f'<text x="{left + slot * i + 3:.1f}" y="{top - 6}" font-size="11" fill="#5b6472">{_e(label)}</text>'
             )
         prev_task = task
         y = top + plot_h
@@ -177,25 +191,51 @@ def _tokens_chart(calls: Sequence[dict[str, Any]], flagged: set[int]) -> str:
     return legend + "".join(out)
 
 
-def _timeline(events: Sequence[dict[str, Any]]) -> str:
-    """Rows per tool (plus model calls and governor events) on a shared time axis."""
-    marks = [
-        e
-        for e in events
-        if e.get("event")
-        in {
-            "tool_call",
-            "model_call",
-            "retry",
-            "breaker",
-            "pruning",
-            "anomaly",
-            "summary",
-            "checkpoint",
-            "loop_detected",
-            "budget_exhausted",
-        }
-    ]
+_MEMORY, _REFUSED, _STOP, _WITHDRAWN = "#8e24aa", "#d84315", "#b71c1c", "#b0bec5"
+_TIMELINE_EVENTS = frozenset(
+    {
+        "tool_call",
+        "model_call",
+        "retry",
+        "breaker",
+        "pruning",
+        "anomaly",
+        "summary",
+        "checkpoint",
+        "loop_detected",
+        "budget_exhausted",
+        "tool_withdrawn",
+        "tool_restored",
+        "run_stopped",
+    }
+)
+
+
+def _not_made_mark(outcome: str, x: float, y: float, tip: str) -> str:
+    """A call the governor answered without making it: a hollow mark, never a bar."""
+    cy = y + 12
+    title = f"<title>{_e(tip)}</title>"
+    if outcome in (FROM_MEMORY, FROM_CHECKPOINT):  # a hollow circle: the answer came from memory
+        color = _MEMORY if outcome == FROM_MEMORY else _PRUNE
+        return (
+            f'<circle cx="{x:.1f}" cy="{cy:.1f}" r="6" fill="#fff" stroke="{color}" stroke-width="2.5">{title}</circle>'
+        )
+    if outcome == REFUSED_WITHDRAWN:  # an octagon: the call of a withdrawn tool stopped the run
+        angles = [math.pi / 8 + i * math.pi / 4 for i in range(8)]
+        pts = " ".join(f"{x + 8 * math.cos(a):.1f},{cy + 8 * math.sin(a):.1f}" for a in angles)
+        return f'<polygon points="{pts}" fill="{_STOP}">{title}</polygon>'
+    return (  # a crossed hollow square: refused (breaker open, rate limit)
+        f'<g>{title}<rect x="{x - 6:.1f}" y="{cy - 6:.1f}" width="12" height="12" fill="#fff" '
+        f'stroke="{_REFUSED}" stroke-width="2"/><path d="M{x - 4:.1f},{cy - 4:.1f} L{x + 4:.1f},{cy + 4:.1f} '
+        f'M{x + 4:.1f},{cy - 4:.1f} L{x - 4:.1f},{cy + 4:.1f}" stroke="{_REFUSED}" stroke-width="2"/></g>'
+    )
+
+
+def _timeline(events: Sequence[dict[str, Any]], names: dict[Any, str]) -> str:
+    """Rows per tool (plus model calls and governor events) on a shared time axis: calls
+    made are bars, calls answered without being made are hollow marks, a withdrawal is a
+    grey band on its tool's row until the tool is offered again, a stop a dark red line."""
+    marks = [e for e in events if e.get("event") in _TIMELINE_EVENTS]
     if not marks:
         return '<p class="muted">No tool calls or governor events in this trace.</p>'
 
@@ -220,10 +260,10 @@ def _timeline(events: Sequence[dict[str, Any]]) -> str:
     tools: list[str] = []
     for e in marks:
         name = str(e.get("tool"))
-        if e.get("event") in {"tool_call", "retry"} and name not in tools:
+        if e.get("event") in {"tool_call", "retry", "tool_withdrawn"} and name not in tools:
             tools.append(name)
     rows = ["model", *tools, "governor"]
-    width, left, right, top, row_h = 1100, 150, 16, 34, 26
+    width, left, right, top, row_h = 1100, 150, 16, 46, 26
     height = top + row_h * len(rows) + 30
     plot_w = width - left - right
 
@@ -242,6 +282,31 @@ def _timeline(events: Sequence[dict[str, Any]]) -> str:
             f"{_e(name[:22])}</text>"
         )
     bottom = top + row_h * len(rows)
+    # withdrawals first, under everything: from tool_withdrawn to tool_restored (or the end)
+    open_since: dict[tuple[Any, str], tuple[float, dict[str, Any]]] = {}
+    bands: list[tuple[str, float, float, dict[str, Any]]] = []
+    for e, s in zip(marks, spans, strict=True):
+        assert s is not None
+        key = (e.get("task_id"), str(e.get("tool")))
+        if e.get("event") == "tool_withdrawn":
+            open_since.setdefault(key, (s[1], e))
+        elif e.get("event") == "tool_restored" and key in open_since:
+            start, what = open_since.pop(key)
+            bands.append((key[1], start, s[1], what))
+    # a withdrawal still open lasts until its task ends (or the trace does)
+    ended = {e.get("task_id"): s[1] for e, s in zip(marks, spans, strict=True) if s is not None and e.get("task_id")}
+    bands.extend((key[1], start, ended.get(key[0], t1), what) for key, (start, what) in open_since.items())
+    for tool, start, stop, what in bands:
+        y, x0 = row_y(tool), px(start)
+        lasting = (
+            "for the rest of the task" if what.get("for_s") is None else f"for {_fnum(what.get('for_s')) or 0:.0f}s"
+        )
+        tip = f"{tool} withdrawn from the model {lasting} ({what.get('code')}: {what.get('reason')})"
+        out.append(
+            f'<rect x="{x0:.1f}" y="{y + 2:.1f}" width="{max(px(stop) - x0, 4):.1f}" height="{row_h - 8}" '
+            f'fill="{_WITHDRAWN}"><title>{_e(tip)}</title></rect>'
+            f'<text x="{x0 + 4:.1f}" y="{y + 15:.1f}" font-size="10" fill="#424242">withdrawn</text>'
+        )
     for i in range(6):
         t = t0 + (t1 - t0) * i / 5
         x = px(t)
@@ -250,24 +315,34 @@ def _timeline(events: Sequence[dict[str, Any]]) -> str:
         out.append(
             f'<text x="{x:.1f}" y="{bottom + 14}" font-size="11" text-anchor="{anchor}" fill="#5b6472">{label}</text>'
         )
+    stops = 0
     for e, s in zip(marks, spans, strict=True):
         assert s is not None
         kind = e.get("event")
         x0, x1 = px(s[0]), px(s[1])
-        if kind in {"tool_call", "model_call"}:
+        task = names.get(e.get("task_id"), e.get("task_id"))
+        if kind == "tool_call" and call_outcome(e) in NOT_MADE:
+            outcome = call_outcome(e)
+            tip = f"{task}: {e.get('tool')} {OUTCOMES[outcome]}: {model_read(e)}"
+            out.append(_not_made_mark(outcome, x1, row_y(str(e.get("tool"))), tip))
+        elif kind in {"tool_call", "model_call"}:
             y = row_y("model" if kind == "model_call" else str(e.get("tool")))
             color = "#7986cb" if kind == "model_call" else (_ERR if e.get("status") == "error" else _OK)
+            if kind == "model_call" and e.get("status") == "error":
+                color = _ERR
             w = max(x1 - x0, 3.0)
             attempts = _num(e.get("attempts"))
             if kind == "tool_call":
                 tip = (
-                    f"{e.get('tool')}: {e.get('status')}"
-                    + (f" ({e.get('error_type')}: {e.get('signature')})" if e.get("status") == "error" else "")
+                    f"{task}: {e.get('tool')}: {e.get('status')}"
+                    + (f" ({e.get('error_type')}): {model_read(e)}" if e.get("status") == "error" else "")
                     + f", attempts {attempts or 1}, {_fnum(e.get('duration_s')) or 0:.3f}s"
                 )
+            elif e.get("status") == "error":
+                tip = f"{task}: model call failed ({e.get('error_code') or e.get('error_type')}): {model_read(e)}"
             else:
                 tip = (
-                    f"model call turn {e.get('turn', '?')}: in {_num(e.get('input_tokens'))}, "
+                    f"{task}: model call turn {e.get('turn', '?')}: in {_num(e.get('input_tokens'))}, "
                     f"cached {_num(e.get('cache_read_tokens'))}"
                 )
             body = (
@@ -283,10 +358,23 @@ def _timeline(events: Sequence[dict[str, Any]]) -> str:
                 )
         elif kind == "retry":
             y = row_y(str(e.get("tool")))
-            tip = f"retry {e.get('tool')} attempt {e.get('attempt')} after {e.get('delay_s')}s ({e.get('signature')})"
+            tip = (
+                f"retry {e.get('tool')} attempt {e.get('attempt')} after {e.get('delay_s')}s: "
+                f"{e.get('message') or e.get('signature')}"
+            )
             out.append(
                 f'<line x1="{x1:.1f}" x2="{x1:.1f}" y1="{y + 1:.1f}" y2="{y + row_h - 5:.1f}" '
                 f'stroke="{_RETRY}" stroke-width="2"><title>{_e(tip)}</title></line>'
+            )
+        elif kind == "run_stopped":
+            tip = f"{task}: the run stopped: {e.get('reason')}"
+            label_y = top - 8 - 12 * (stops % 2)  # two stops close together: labels one above the other
+            stops += 1
+            out.append(
+                f'<line x1="{x1:.1f}" x2="{x1:.1f}" y1="{label_y + 4}" y2="{bottom:.1f}" stroke="{_STOP}" '
+                f'stroke-width="3"><title>{_e(tip)}</title></line>'
+                f'<text x="{x1 - 3:.1f}" y="{label_y}" font-size="11" text-anchor="end" fill="{_STOP}" '
+                f'font-weight="600">stopped: {_e(e.get("code") or e.get("error_class"))}</text>'
             )
         elif kind == "breaker":
             color = _BREAKER.get(str(e.get("to_state")), "#757575")
@@ -313,6 +401,8 @@ def _timeline(events: Sequence[dict[str, Any]]) -> str:
                 f'<rect x="{x1 - 4:.1f}" y="{y + 6:.1f}" width="8" height="{row_h - 16}" '
                 f'fill="{_PRUNE}"><title>{_e(tip)}</title></rect>'
             )
+        elif kind in ("tool_withdrawn", "tool_restored"):
+            continue  # drawn as the band above
         else:
             y = row_y("governor") + row_h / 2 - 2
             tip = f"{kind}: {e.get('kind', '')} {e.get('message', '')}"
@@ -322,15 +412,20 @@ def _timeline(events: Sequence[dict[str, Any]]) -> str:
                 f'L{x1 - 6:.1f},{y:.1f} Z" fill="{color}"><title>{_e(tip)}</title></path>'
             )
     out.append("</svg>")
+    hollow = "background:#fff;border:2px solid"
     legend = (
-        f'<div class="legend"><span><i style="background:{_OK}"></i>tool ok</span>'
-        f'<span><i style="background:{_ERR}"></i>tool error</span>'
+        f'<div class="legend"><span><i style="background:{_OK}"></i>tool called: ok</span>'
+        f'<span><i style="background:{_ERR}"></i>tool called: failed</span>'
         f'<span><i style="background:{_RETRY}"></i>retry (×n = attempts)</span>'
+        f'<span><i style="{hollow} {_MEMORY};border-radius:50%"></i>answered from memory, not called</span>'
+        f'<span><i style="{hollow} {_REFUSED}"></i>refused, not called (breaker open, rate limit)</span>'
+        f'<span><i style="background:{_WITHDRAWN}"></i>withdrawn from the model</span>'
+        f'<span><i style="background:{_STOP}"></i>run stopped (a withdrawn tool called: octagon)</span>'
         f'<span><i style="background:#7986cb"></i>model call</span>'
         f'<span><i style="background:{_PRUNE}"></i>pruning</span>'
         f'<span><i style="background:{_BREAKER["open"]}"></i>breaker transition</span>'
         f'<span><i style="background:{_ANOMALY}"></i>anomaly</span>'
-        '<span><i style="background:#607d8b"></i>other governor event (loop detected, summary, ...)</span></div>'
+        '<span><i style="background:#607d8b"></i>other governor event (summary, checkpoint, ...)</span></div>'
     )
     return legend + "".join(out)
 
@@ -403,15 +498,30 @@ def _prompt_html(trace: Trace, call: dict[str, Any], prev: list[str]) -> str:
 
 
 # -- page -------------------------------------------------------------------------------
-def _table(headers: Iterable[str], rows: Iterable[Iterable[Any]], numeric: Collection[int] = ()) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+class _Html(str):
+    """A table cell that is HTML already (escaped where it had to be)."""
+
+
+Column = tuple[str, str]
+"""A table column: its header and what it holds, explained on the page under the table."""
+
+
+def _table(columns: Sequence[Column], rows: Iterable[Iterable[Any]], numeric: Collection[int] = ()) -> str:
+    """A table, then a line explaining each of its columns: nothing on the page is a
+    header the reader has to guess."""
+    head = "".join(f"<th>{_e(name)}</th>" for name, _ in columns)
     body = []
     for row in rows:
         cells = "".join(
-            f'<td class="num">{_e(v)}</td>' if i in numeric else f"<td>{_e(v)}</td>" for i, v in enumerate(row)
+            ('<td class="num">' if i in numeric else "<td>") + f"{v if isinstance(v, _Html) else _e(v)}</td>"
+            for i, v in enumerate(row)
         )
         body.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    explained = "; ".join(f"<b>{_e(name)}</b>: {_e(why)}" for name, why in columns)
+    return (
+        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        f'<p class="cols">Columns — {explained}.</p>'
+    )
 
 
 def skipped_note(trace: Trace) -> str:
@@ -431,7 +541,8 @@ def runs_apart(trace: Trace) -> Trace:
     id; merged, their turns read 1,2,3,1,2. A run is a Lens's ``run_id`` (one per trace
     open) and, within it, one ``task_start`` to the next for the same task id (older
     traces without run ids split on ``task_start`` alone). A task id with one run is
-    left as it is; otherwise each run reads ``"<task id> · run <n>"``."""
+    left as it is; otherwise each run reads ``"<task id> · run <n>"`` (and its name
+    ``"<name> · run <n>"``)."""
     current: dict[tuple[Any, Any], int] = {}  # (run_id, task_id) -> its run number
     runs: dict[Any, int] = {}  # task_id -> how many runs it has
     numbered: list[int | None] = []
@@ -449,11 +560,34 @@ def runs_apart(trace: Trace) -> Trace:
     events = []
     for e, n in zip(trace.events, numbered, strict=True):
         task = e.get("task_id")
-        events.append(e if n is None or runs[task] <= 1 else {**e, "task_id": f"{task} · run {n}"})
+        if n is None or runs[task] <= 1:
+            events.append(e)
+            continue
+        apart = {**e, "task_id": f"{task} · run {n}"}
+        if isinstance(e.get("name"), str) and e.get("event") == "task_start":
+            apart["name"] = f"{e['name']} · run {n}"
+        events.append(apart)
     return dataclasses.replace(trace, events=events)
 
 
-def _how_tasks_ended(events: Sequence[dict[str, Any]], tasks: Sequence[Any]) -> tuple[str, int]:
+_ENDED_COLUMNS: tuple[Column, ...] = (
+    (
+        "task",
+        "the task's name: the name given to governor.task, the LangGraph thread id, the run's first "
+        "request, or the crew's task description",
+    ),
+    (
+        "outcome",
+        "completed, stopped (the governor or a fatal failure ended it), failed (another exception "
+        "left the task), or unfinished (the trace ends before the task did)",
+    ),
+    ("why", "for a task that did not complete: the error class, its code in brackets, and the reason"),
+    ("steps", "the task's model decisions (steps) counted by the governor"),
+    ("tool calls", "the tool calls counted against the task's budgets (a call answered from memory is not)"),
+)
+
+
+def _how_tasks_ended(events: Sequence[dict[str, Any]], tasks: Sequence[Any], names: dict[Any, str]) -> tuple[str, int]:
     """The first-screen table: how each task ended and why (``task_end``'s outcome, or
     ``run_stopped`` for a stop outside a task); and how many did not complete."""
     ends = {e.get("task_id"): e for e in events if e.get("event") == "task_end"}
@@ -479,34 +613,129 @@ def _how_tasks_ended(events: Sequence[dict[str, Any]], tasks: Sequence[Any]) -> 
         if why_from is not None:
             code = why_from.get("code")
             why = f"{why_from.get('error_class') or ''}{f' [{code}]' if code else ''}: {why_from.get('reason') or ''}"
-        rows.append((task, outcome, why, end.get("steps", "") if end else "", end.get("tool_calls", "") if end else ""))
+        steps, calls = (end.get("steps", ""), end.get("tool_calls", "")) if end else ("", "")
+        rows.append((names.get(task, task), outcome, why, steps, calls))
     outside = stops.get(None)
     if outside is not None:
         bad += 1
         rows.append(("(no task)", "stopped", f"{outside.get('error_class')}: {outside.get('reason')}", "", ""))
     if not rows:
         return '<p class="muted">No tasks.</p>', 0
-    return _table(["task", "outcome", "why", "steps", "tool calls"], rows, {3, 4}), bad
+    return _table(_ENDED_COLUMNS, rows, {3, 4}), bad
 
 
-def _failed_model_calls(calls: Sequence[dict[str, Any]]) -> str:
+_FAILED_MODEL_COLUMNS: tuple[Column, ...] = (
+    ("task", "the task's name"),
+    ("model", "the model (or endpoint) that failed"),
+    ("HTTP", "the HTTP status the provider answered, if any"),
+    ("code", "the provider's error code (insufficient_quota, rate_limit_exceeded...), or the governor's"),
+    ("type", "transient (retried), permanent or fatal (the run stops)"),
+    ("ended by", "why the governor stopped retrying: attempts spent, a wait too long, the breaker, a budget"),
+    ("attempts", "requests sent for this call"),
+    ("the provider said", "the error message, redacted"),
+)
+
+
+def _failed_model_calls(calls: Sequence[dict[str, Any]], names: dict[Any, str]) -> str:
     failed = [c for c in calls if c.get("status") == "error"]
     if not failed:
         return '<p class="muted">No failed model calls.</p>'
     rows = [
         (
-            c.get("task_id"),
+            names.get(c.get("task_id"), c.get("task_id")),
             c.get("model") or c.get("endpoint"),
             c.get("http_status") or "",
             c.get("error_code") or "",
             c.get("error_type") or "",
             c.get("stop_reason") or "",
             _num(c.get("attempts")),
-            c.get("signature") or "",
+            model_read(c),
         )
         for c in failed
     ]
-    return _table(["task", "model", "HTTP", "code", "type", "ended by", "attempts", "signature"], rows, {6})
+    return _table(_FAILED_MODEL_COLUMNS, rows, {6})
+
+
+_ANOMALY_COLUMNS: tuple[Column, ...] = (
+    ("task", "the task's name"),
+    ("turn", "the task's model call the anomaly was found at (1 = its first)"),
+    ("kind", "the detector: cache_read_zero, repeated_error, context_growth, low_context_health..."),
+    ("what", "what the detector saw"),
+)
+
+_TOOL_COLUMNS: tuple[Column, ...] = (
+    ("task", "the task's name"),
+    ("tool", "the tool the model asked for"),
+    (
+        "what happened",
+        "whether the tool was called (ok or failed) or the governor answered without calling it: "
+        "from memory, from the checkpoint, or refused",
+    ),
+    ("attempts", "times the tool was actually called for this request (retries included; 0: not called)"),
+    ("duration s", "seconds from the request to its outcome, waits and retries included"),
+    (
+        "the model read",
+        "for a failure: the tool's own message, then the governor's advice, as the model read them; for the "
+        "call that stopped the run: why it stopped (hover for the error signature that groups failures alike)",
+    ),
+)
+
+
+def _read(event: dict[str, Any]) -> str:
+    """What the model read of a failed call; a stop's reason alone (no advice reaches a
+    model whose run ended)."""
+    if event.get("error_type") == "fatal" and event.get("message"):
+        return str(event["message"])
+    return model_read(event)
+
+
+def _tool_calls(tools: Sequence[dict[str, Any]], names: dict[Any, str]) -> str:
+    if not tools:
+        return '<p class="muted">No tool calls.</p>'
+    rows = []
+    for t in tools:
+        outcome = call_outcome(t)
+        made = outcome not in NOT_MADE
+        label = OUTCOMES[outcome]
+        rows.append(
+            (
+                names.get(t.get("task_id"), t.get("task_id")),
+                t.get("tool"),
+                _Html(f'<span class="{"made" if made else "notmade"} {outcome}">{_e(label)}</span>'),
+                _num(t.get("attempts")) if not made else (_num(t.get("attempts")) or 1),
+                f"{_fnum(t.get('duration_s')) or 0:.3f}",
+                _Html(f'<span title="signature: {_e(t.get("signature") or "")}">{_e(_read(t))}</span>')
+                if t.get("status") == "error"
+                else "",
+            )
+        )
+    return _table(_TOOL_COLUMNS, rows, {3, 4})
+
+
+def _call_summary(i: int, call: dict[str, Any], names: dict[Any, str], flags: str) -> str:
+    """One model call's line above its prompt. A failed call says so: the context health
+    of a prompt that got no answer is no figure of the call."""
+    task = names.get(call.get("task_id"), call.get("task_id"))
+    head = f"#{i + 1} · {_e(task)} · turn {_e(call.get('turn', '?'))} · {_e(call.get('model') or 'model')}"
+    if call.get("status") == "error":
+        code = call.get("error_code") or call.get("http_status") or call.get("error_type") or "error"
+        return f'{head} · <span class="kind">failed ({_e(code)})</span>: {_e(model_read(call))}{flags}'
+    health = _fnum(call.get("context_health"))
+    return (
+        f"{head} · in {_num(call.get('input_tokens')):,} (cached {_num(call.get('cache_read_tokens')):,}) · "
+        f"out {_num(call.get('output_tokens')):,}"
+        + (f" · {_e(call.get('finish_reason'))}" if call.get("finish_reason") else "")
+        + (f" · context health {health:.0%}" if health is not None else "")
+        + flags
+    )
+
+
+_CARDS_NOTE = (
+    "tool calls made: requests that reached a tool; answered from memory: repeats of a failed call the governor "
+    "answered without calling the tool; refused: calls not made (breaker open, rate limit, a withdrawn tool); "
+    "withdrawals: times a tool was taken out of the model's tool list; cached share: input tokens read from the "
+    "provider's prompt cache"
+)
 
 
 def render_report(trace: Trace, title: str | None = None) -> str:
@@ -514,18 +743,24 @@ def render_report(trace: Trace, title: str | None = None) -> str:
     and the failed model calls; then tokens, the timeline, anomalies and every prompt."""
     trace = runs_apart(trace)
     events = trace.events
+    names = task_names(events)
     calls = trace.model_calls
     tools = trace.tool_calls
     anomalies = trace.anomalies
     retries = trace.of("retry")
     trips = [e for e in trace.of("breaker") if e.get("to_state") == "open"]
     prunes = trace.of("pruning")
+    withdrawals = trace.of("tool_withdrawn")
     tasks = list(dict.fromkeys(e.get("task_id") for e in events if e.get("task_id") is not None))
 
     total_in = sum(_num(c.get("input_tokens")) for c in calls)
     total_cached = sum(_num(c.get("cache_read_tokens")) for c in calls)
     total_out = sum(_num(c.get("output_tokens")) for c in calls)
-    errors = sum(1 for t in tools if t.get("status") == "error")
+    outcomes = [call_outcome(t) for t in tools]
+    made = sum(1 for o in outcomes if o not in NOT_MADE)
+    errors = outcomes.count("failed")
+    from_memory = sum(1 for o in outcomes if o in (FROM_MEMORY, FROM_CHECKPOINT))
+    refused = sum(1 for o in outcomes if o in NOT_MADE) - from_memory
 
     # Which model calls (by index) carry an anomaly: match on task and turn.
     index = {(c.get("task_id"), c.get("turn")): i for i, c in enumerate(calls)}
@@ -543,8 +778,9 @@ def render_report(trace: Trace, title: str | None = None) -> str:
         return f'<div class="{cls}"><div class="v">{_e(value)}</div><div class="k">{_e(label)}</div></div>'
 
     cached_share = f"{total_cached / total_in:.0%}" if total_in else "–"
-    ended_html, not_completed = _how_tasks_ended(events, tasks)
+    ended_html, not_completed = _how_tasks_ended(events, tasks, names)
     failed_calls = sum(1 for c in calls if c.get("status") == "error")
+    stopped = any(o == REFUSED_WITHDRAWN for o in outcomes)
     cards = "".join(
         [
             card("tasks", len(tasks)),
@@ -554,9 +790,12 @@ def render_report(trace: Trace, title: str | None = None) -> str:
             card("input tokens", f"{total_in:,}"),
             card("cached share", cached_share, bad=bool(total_in) and total_cached == 0 and len(calls) > 1),
             card("output tokens", f"{total_out:,}"),
-            card("tool calls", len(tools)),
+            card("tool calls made", made),
             card("tool errors", errors, bad=errors > 0),
             card("retries", len(retries)),
+            card("answered from memory", from_memory),
+            card("refused", refused, bad=stopped),
+            card("withdrawals", len(withdrawals), bad=bool(withdrawals)),
             card("breaker trips", len(trips), bad=bool(trips)),
             card("prunings", len(prunes)),
             card("anomalies", len(anomalies), bad=bool(anomalies)),
@@ -565,28 +804,14 @@ def render_report(trace: Trace, title: str | None = None) -> str:
 
     anomaly_html = (
         _table(
-            ["task", "turn", "kind", "what"],
-            [(a.get("task_id"), a.get("turn", ""), a.get("kind"), a.get("message", "")) for a in anomalies],
+            _ANOMALY_COLUMNS,
+            [
+                (names.get(a.get("task_id"), a.get("task_id")), a.get("turn", ""), a.get("kind"), a.get("message", ""))
+                for a in anomalies
+            ],
         )
         if anomalies
         else '<p class="muted">No anomalies flagged.</p>'
-    )
-    tool_rows = [
-        (
-            t.get("task_id"),
-            t.get("tool"),
-            t.get("status"),
-            t.get("error_type") or "",
-            _num(t.get("attempts")) or 1,
-            f"{_fnum(t.get('duration_s')) or 0:.3f}",
-            t.get("signature") or "",
-        )
-        for t in tools
-    ]
-    tool_html = (
-        _table(["task", "tool", "status", "error type", "attempts", "duration s", "signature"], tool_rows, {4, 5})
-        if tools
-        else '<p class="muted">No tool calls.</p>'
     )
 
     prompt_parts: list[str] = []
@@ -597,19 +822,9 @@ def render_report(trace: Trace, title: str | None = None) -> str:
         hashes = call.get("message_hashes")
         prev_by_task[task] = hashes if isinstance(hashes, list) else []
         flags = "".join(f'<span class="badge">{_e(k)}</span>' for k in badges.get(i, []))
-        health = _fnum(call.get("context_health"))
-        summary = (
-            f"#{i + 1} · {_e(task)} · turn {_e(call.get('turn', '?'))} · "
-            f"{_e(call.get('model') or 'model')} · "
-            f"in {_num(call.get('input_tokens')):,} (cached {_num(call.get('cache_read_tokens')):,}) · "
-            f"out {_num(call.get('output_tokens')):,}"
-            + (f" · {_e(call.get('finish_reason'))}" if call.get("finish_reason") else "")
-            + (f" · health {health:.0%}" if health is not None else "")
-            + flags
-        )
         prompt_parts.append(
-            f'<details class="call" id="call-{_e(call.get("seq"))}"><summary>{summary}</summary>'
-            f"{_prompt_html(trace, call, prev)}</details>"
+            f'<details class="call" id="call-{_e(call.get("seq"))}"><summary>{_call_summary(i, call, names, flags)}'
+            f"</summary>{_prompt_html(trace, call, prev)}</details>"
         )
 
     name = title or f"Agent Lens — {trace.path.name}"
@@ -621,15 +836,15 @@ def render_report(trace: Trace, title: str | None = None) -> str:
         f"<style>{_CSS}</style></head><body>"
         f'<header><h1>{_e(name)}</h1><div class="sub">{len(events)} events · '
         f"{len(trace.snapshots)} distinct messages{_e(skipped)}</div></header><main>"
-        f'<div class="cards">{cards}</div>'
+        f'<div class="cards">{cards}</div><p class="cols">{_e(_CARDS_NOTE)}.</p>'
         f"<section><h2>How each task ended</h2>{ended_html}</section>"
-        f"<section><h2>Failed model calls</h2>{_failed_model_calls(calls)}</section>"
-        f"<section><h2>Tokens per turn</h2>{_tokens_chart(calls, flagged)}</section>"
-        f"<section><h2>Tool-call timeline</h2>{_timeline(events)}</section>"
+        f"<section><h2>Failed model calls</h2>{_failed_model_calls(calls, names)}</section>"
+        f"<section><h2>Tokens per turn</h2>{_tokens_chart(calls, flagged, names)}</section>"
+        f"<section><h2>Tool-call timeline</h2>{_timeline(events, names)}</section>"
         f"<section><h2>Anomalies</h2>{anomaly_html}</section>"
         f"<section><h2>Model calls and the prompt each one saw</h2>"
         f"{''.join(prompt_parts) or _NO_CALLS}</section>"
-        f"<section><h2>Tool calls</h2>{tool_html}</section>"
+        f"<section><h2>Tool calls</h2>{_tool_calls(tools, names)}</section>"
         f"</main><script>{_JS}</script></body></html>\n"
     )
 

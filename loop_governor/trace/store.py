@@ -1,15 +1,15 @@
 """The embedded trace: a JSONL event file plus a content-addressed message store beside it.
 
-Layout for ``trace.jsonl``::
+Layout for ``trace.jsonl``:
 
     trace.jsonl             one JSON record per line; line 1 is a header naming the store
     trace.snapshots.jsonl   {"hash": ..., "message": {...}} — each distinct message once
 
 A model-call record carries ``message_hashes`` instead of the messages, so a 50-turn run
-stores its growing conversation once instead of 50 times, and :func:`rebuild_prompt` gives
-back the exact (redacted) prompt of any turn. Snapshot lines are flushed before the record
-that references them, so a reader never meets a dangling hash. Both files are append-only
-and re-opening an existing trace continues it.
+stores its growing conversation once instead of 50 times, and
+[`rebuild_prompt`][loop_governor.trace.store.rebuild_prompt] gives back the exact (redacted) prompt of any turn.
+Snapshot lines are flushed before the record that references them, so a reader never meets a dangling hash. Both files
+are append-only and re-opening an existing trace continues it.
 
 A trace is read back after crashes and from other tools' hands, so the reader trusts no
 line: a line cut short by a killed writer (half a UTF-8 sequence included), random bytes,
@@ -275,8 +275,9 @@ def load_trace(path: str | Path) -> Trace:
     """Read a JSONL trace and its snapshot store (named by the header, else the default).
 
     Never fails on content: damaged and type-confused lines are skipped and counted in
-    :attr:`Trace.skipped_lines` / :attr:`Trace.skipped_snapshot_lines`. (A ``path`` that
-    cannot be opened at all still raises ``OSError``.)
+    [`Trace.skipped_lines`][loop_governor.trace.store.Trace.skipped_lines] /
+    [`Trace.skipped_snapshot_lines`][loop_governor.trace.store.Trace.skipped_snapshot_lines]. (A ``path`` that cannot be
+    opened at all still raises ``OSError``.)
     """
     p = Path(path)
     trace = Trace(path=p)

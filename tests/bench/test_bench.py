@@ -330,3 +330,16 @@ def test_jitter_ablation(bench_result: dict[str, Any]) -> None:
     assert default["with_jitter"]["retries_per_world"] == default["without_jitter"]["retries_per_world"] == 0
     # 1.5-second errors overlap in flight whatever the spread
     assert slow["mean_peak_reduction"] == 0
+
+
+def test_every_column_of_the_html_page_is_explained_on_it(bench_result: dict[str, Any]) -> None:
+    """Issue 35: the page had "published incident" columns nothing explained."""
+    from lg_browser import assert_columns_explained
+
+    from loop_governor.bench.report import html_report
+
+    page = html_report(bench_result)
+    assert_columns_explained(page, at_least=3)
+    assert "published incident" not in page
+    assert "incident report: no governor" in page and "20 controlled runs" in page
+    assert "Rows — <b>tool calls per task</b>: requests that reached the simulated services" in page

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lg_browser import assert_columns_explained
 from lg_openai_server import OpenAIServer, RecordedRequest, Reply, ToolCall, deny_remote_connections
 from typer.testing import CliRunner
 
@@ -292,7 +293,9 @@ def test_the_cli_prints_the_interval_and_the_verdict(tmp_path: Path, monkeypatch
     assert "model too weak" in said  # the per-scenario table's verdict column
     data = json.loads((tmp_path / "loop-governor-bench.json").read_text())
     assert data["runs"] == 2 and data["tiers"]["1"]["verdict"]["kind"] == "too_weak"
-    assert "too weak" in (tmp_path / "loop-governor-bench.html").read_text()
+    page = (tmp_path / "loop-governor-bench.html").read_text()
+    assert "too weak" in page
+    assert_columns_explained(page, at_least=2)  # every column of the page, under its table (issue 35)
 
 
 def test_cli_rejects_bad_tier_options() -> None:

@@ -75,3 +75,18 @@ def test_a_selection_passes_pytest_k(run: ModuleType) -> None:
     (suite,) = [s for s in run.SUITES if s.name == "langchain-agents"]
     cmd = run.pytest_command(suite, "lc-first", Path("j.xml"), "test_jump_to_is_ephemeral")
     assert cmd[cmd.index("-k") + 1] == "test_jump_to_is_ephemeral"
+
+
+# -- the memory wrappers' peer suites (issue 34) -------------------------------------------------
+
+
+def test_the_memory_peer_suites_run_unwrapped_and_wrapped(run: ModuleType) -> None:
+    suites = {s.name: s for s in run.SUITES}
+    store, contract = suites["langgraph-store"], suites["crewai-memory-core"]
+    assert (store.dist, store.paths, store.modes) == ("langgraph-checkpoint", ("tests/test_store.py",), ("store",))
+    assert (contract.dist, contract.modes) == ("crewai-memory-core", ("memory",))
+    for ours, _ in contract.extra_files:
+        assert (COMPAT / ours).is_file()
+    # no allow-list entry: every test that passes unwrapped must pass wrapped
+    assert not [key for key in run.ALLOWED if key[0] in ("langgraph-store", "crewai-memory-core")]
+    # (tests/memory/test_peer_suites.py: the modes wrap every backend the suites build)

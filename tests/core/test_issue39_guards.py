@@ -40,8 +40,9 @@ def missing_doc(name: str) -> str:
         ("think", lambda i: {"thought": f"maybe it is there now ({i})"}, ""),
         ("log_note", lambda i: {"note": f"attempt {i} failed"}, "Note saved."),
         ("search_kb", lambda i: {"query": f"refunds 2019 ({i})"}, "3 results"),
+        ("get_flight", lambda i: {"flight_number": f"HAT{100 + i}", "date": "2024-05-13"}, '{"seats": 0}'),
     ],
-    ids=["think", "log_note", "search"],
+    ids=["think", "log_note", "search", "a lookup by id"],
 )
 def test_a_failing_call_with_anything_succeeding_in_between_is_stopped(clock: VirtualClock, between: Any) -> None:
     tool, args_of, answer = between

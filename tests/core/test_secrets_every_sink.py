@@ -12,6 +12,7 @@ means it leaked; a canary next to each secret proves the planted text did reach 
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import string
 from collections.abc import Callable
@@ -93,12 +94,24 @@ class _Leak(Exception):
     """A tool failure whose message is the planted text (what HTTP clients do)."""
 
 
-def _run_governed(tmp: Path, planted: list[Planted]) -> tuple[list[str], InMemorySpanExporter]:
+class _Events(logging.Handler):
+    """The events a subscriber receives and the ``lg_event`` each log record carries."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen: list[Any] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append([record.getMessage(), getattr(record, "lg_event", None)])
+
+
+def _run_governed(tmp: Path, planted: list[Planted], events: _Events) -> tuple[list[str], InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     gov = lg.Governor(lg.GovernorConfig(checkpoint_url=f"file://{tmp / 'ck'}"), sleep=lambda s: None)
     lens = install(gov, tmp / "trace.jsonl", tracer_provider=provider)
+    gov.subscribe(events.seen.append)  # a user's subscriber: a sink like the others
     model_texts: list[str] = []
 
     def fail(text: str, attempt: int) -> str:
@@ -132,6 +145,18 @@ def _run_governed(tmp: Path, planted: list[Planted]) -> tuple[list[str], InMemor
     lens.close()
     provider.shutdown()
     return model_texts, exporter
+
+
+def _partial_results(planted: list[Planted]) -> list[Any]:
+    """What a stop hands back when no checkpoint store is configured (``add_result``
+    values as given, and the latest tool results)."""
+    gov = lg.Governor(lg.GovernorConfig(max_steps=len(planted)), sleep=lambda s: None)
+    with pytest.raises(lg.FatalError) as stop, gov.task("t-partial") as scope:
+        for text, _ in planted:
+            scope.add_result({"summary": text, "password": text, "pair": (text, 1)})
+            gov.call("echo", lambda text: text, text)
+        gov.call("echo", lambda text: text, "one call over the budget")
+    return stop.value.partial_results
 
 
 def _spans_text(exporter: InMemorySpanExporter) -> str:
@@ -170,7 +195,17 @@ def test_every_planted_secret_reaches_no_sink(tmp_path_factory: Any, cores: list
     tmp: Path = tmp_path_factory.mktemp("sinks")
     planted = _formats(lambda i: cores[i])
     secrets = sorted({s for _, found in planted for s in found})
-    model_texts, exporter = _run_governed(tmp, planted)
+    events = _Events()
+    logger = logging.getLogger("loop_governor")
+    logger.addHandler(events)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        model_texts, exporter = _run_governed(tmp, planted, events)
+    finally:
+        logger.removeHandler(events)
+        logger.setLevel(level)
+    partial = _partial_results(planted)
 
     # SQLite checkpoints, through the public API only, fed the raw texts.
     db = tmp / "ck.db"
@@ -209,6 +244,8 @@ def test_every_planted_secret_reaches_no_sink(tmp_path_factory: Any, cores: list
         "otel spans": _spans_text(exporter),
         "html report": render_report(trace),
         "file checkpoints": _files_text(tmp / "ck"),
+        "subscriber events and log records": json.dumps(events.seen, default=str),
+        "partial results (no checkpoint store)": json.dumps(partial, default=str),
         "sqlite checkpoints": "".join(p.read_bytes().decode("utf-8", "replace") for p in sorted(tmp.glob("ck.db*"))),
         **{name: result.output for name, result in cli.items()},
     }
@@ -220,7 +257,16 @@ def test_every_planted_secret_reaches_no_sink(tmp_path_factory: Any, cores: list
         "breakers (unreachable redis)": 1,
     }
     # the planted texts did reach the sinks that keep them (not a vacuous pass)
-    for name in ("model text", "trace jsonl", "snapshot store", "otel spans", "html report", "file checkpoints"):
+    for name in (
+        "model text",
+        "trace jsonl",
+        "snapshot store",
+        "otel spans",
+        "html report",
+        "file checkpoints",
+        "subscriber events and log records",
+        "partial results (no checkpoint store)",
+    ):
         assert CANARY in sinks[name], name
     assert "t-sqlite" in sinks["sqlite checkpoints"] and CANARY in sinks["checkpoints show sqlite json"]
     assert len(model_texts) == len(planted)

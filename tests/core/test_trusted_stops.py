@@ -220,10 +220,10 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
 def test_each_fix_lets_the_retry_run_and_a_success_ends_the_count(clock: VirtualClock) -> None:
     gov, car = governor(clock), Car()
     with gov.task("t") as scope:
-        for _ in range(2):  # "fixed" with a tool that changes nothing the engine needs
+        for _ in range(2):  # between the tries only a note: it says something, it fixes nothing
             with pytest.raises(lg.PermanentError):
                 gov.call("start_engine", car.start_engine)
-            gov.call("honk", lambda: "honked")
+            gov.call("log_note", lambda note: "noted", note="tried to start the engine")
         assert car.starts == 2  # each retry after a state-changing success ran for real
         gov.call("press_brake", car.press_brake)
         assert gov.call("start_engine", car.start_engine) == "engine running"
@@ -231,9 +231,9 @@ def test_each_fix_lets_the_retry_run_and_a_success_ends_the_count(clock: Virtual
         for _ in range(2):
             with pytest.raises(lg.PermanentError) as again:
                 gov.call("start_engine", car.start_engine)
-            gov.call("honk", lambda: "honked")
+            gov.call("log_note", lambda note: "noted", note="tried to start the engine")
         advice = again.value.info.advice or ""
-        # the "fix" (honk) fixed nothing: the second failure alike counts
+        # a note is no fix: the second failure alike counts
         assert "the next identical call failing the same way withdraws start_engine" in advice
         assert scope.withdrawn == {}
 

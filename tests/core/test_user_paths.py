@@ -10,7 +10,7 @@ from typing import Any
 import anthropic.types
 import openai.types.chat
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from langchain_core.language_models.fake import FakeListLLM
 from pydantic import BaseModel
@@ -86,8 +86,25 @@ def test_call_keys_of_pydantic_models_follow_their_values(t1: str, n1: int, t2: 
     assert same == ((t1, n1) == (t2, n2))
 
 
-@given(st.floats(allow_nan=False), st.floats(allow_nan=False), st.floats(allow_nan=False), st.floats(allow_nan=False))
-def test_call_keys_of_dataclasses_follow_their_values(x1: float, y1: float, x2: float, y2: float) -> None:
+_FLOATS = st.floats(allow_nan=False)
+# the second point's coordinates: often the first's (or its negative: -0.0 for 0.0), so
+# equal points are drawn in every run instead of by chance
+_LIKE = st.sampled_from(["same", "negated", "other"])
+
+
+def _like(first: float, how: str, other: float) -> float:
+    return first if how == "same" else -first if how == "negated" else other
+
+
+@given(_FLOATS, _FLOATS, _LIKE, _LIKE, _FLOATS, _FLOATS)
+@example(0.0, 1.0, "negated", "same", 0.0, 0.0)  # 0.0 and -0.0: equal values, one key
+@example(1.5, -2.0, "other", "same", 1.5000000000000002, 0.0)
+@example(float("inf"), 0.0, "negated", "negated", 0.0, 0.0)
+def test_call_keys_of_dataclasses_follow_their_values(
+    x1: float, y1: float, how_x: str, how_y: str, other_x: float, other_y: float
+) -> None:
+    """Equal values (``==``: ``0.0 == -0.0``) share a key; different ones never do."""
+    x2, y2 = _like(x1, how_x, other_x), _like(y1, how_y, other_y)
     same = call_key("p", (Point(x1, y1),)) == call_key("p", (Point(x2, y2),))
     assert same == ((x1, y1) == (x2, y2))
 

@@ -35,9 +35,9 @@ def _records(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str, dict[str,
 # -- the logger ------------------------------------------------------------------------------
 
 
-def test_the_library_installs_no_handler() -> None:
+def test_the_library_installs_only_a_null_handler() -> None:
     assert lg_logger.name == "loop_governor"
-    assert lg_logger.handlers == []
+    assert [type(h) for h in lg_logger.handlers] == [logging.NullHandler]
 
 
 def test_retries_waits_and_breaker_transitions_are_info_stops_and_refusals_warnings(
@@ -56,13 +56,18 @@ def test_retries_waits_and_breaker_transitions_are_info_stops_and_refusals_warni
     records = _records(caplog)
     infos = [m for level, m, _ in records if level == logging.INFO]
     warns = [m for level, m, _ in records if level == logging.WARNING]
-    # each retry: the tool, why, and the wait
-    assert any(m.startswith("retrying search in 0.60s after attempt 1 failed (transient 503:") for m in infos), infos
-    assert any("retrying search in 1.20s after attempt 2" in m for m in infos)
-    assert "circuit breaker of search: closed -> open" in infos
-    assert any(m.startswith("refused a call to search without making it (circuit_open)") for m in warns), warns
+    # each retry: the tool, why (its own message), and the wait
     assert any(
-        m.startswith("task job: loop-governor stopped the run: crm (401): HTTPError: token expired") for m in warns
+        m.startswith("search failed (transient, HTTP 503): HTTPError: upstream down, key ")
+        and m.endswith("; retrying in 0.60s (attempt 2 of 3)")
+        for m in infos
+    ), infos
+    assert any(m.endswith("; retrying in 1.20s (attempt 3 of 3)") for m in infos)
+    assert any(m.startswith("circuit breaker of search: closed -> open for 60s after: HTTPError:") for m in infos)
+    assert any(m.startswith("refused a call to search without making it (circuit breaker open)") for m in warns), warns
+    assert any(
+        m.startswith('task "job": loop-governor stopped the run: crm (unauthorized, 401): HTTPError: token expired')
+        for m in warns
     )
     assert all(SECRET not in m and SECRET not in json.dumps(e, default=str) for _, m, e in records)
     stop = next(e for _, _, e in records if e.get("event") == "run_stopped")
@@ -73,15 +78,17 @@ def test_a_disabled_logger_formats_nothing(clock: VirtualClock, monkeypatch: pyt
     formatted: list[str] = []
     import loop_governor.events as events
 
-    monkeypatch.setattr(events, "log_event", lambda level, record: formatted.append(record["event"]))
+    monkeypatch.setattr(events, "log_event", lambda level, record, task: formatted.append(record["event"]))
     monkeypatch.setattr(lg_logger, "level", logging.WARNING)
     gov = _gov(clock)
     with pytest.raises(lg.TransientError):
         gov.call("search", Backend(forever=HTTPError(503)))
-    assert formatted == []  # retries and breaker changes are INFO: not even built
+    # retries and breaker changes are INFO: not even built; the retries running out is a WARNING
+    assert formatted == ["tool_call"]
+    formatted.clear()
     with gov.task("t"), pytest.raises(lg.FatalError):
         gov.call("crm", Backend(forever=HTTPError(401)))
-    assert formatted == ["run_stopped"]
+    assert formatted == ["tool_call", "run_stopped"]  # (the fatal call renders no line of its own: the stop's)
 
 
 # -- the outcome -----------------------------------------------------------------------------
@@ -101,7 +108,7 @@ def test_task_end_says_how_the_task_ended(gov: lg.Governor) -> None:
     stopped = by_task["stopped"]
     assert stopped["outcome"] == "stopped" and stopped["error_class"] == "FatalError"
     assert (
-        stopped["reason"].startswith("billing (402): HTTPError: payment required for ")
+        stopped["reason"].startswith("billing (payment_required, 402): HTTPError: payment required for ")
         and SECRET not in stopped["reason"]
     )
     failed = by_task["failed"]

@@ -318,6 +318,19 @@ class SentinelSetup:
         addr = self.sentinel.client().execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
         return int(addr[1])
 
+    def failover_done(self, port: int) -> bool:
+        """Whether Sentinel has finished failing over to ``port``: it names it and its own
+        record of the primary (what redis-py reads, ``SENTINEL MASTERS``) shows it healthy.
+        Until both agree the store refuses to pick a primary (a failover in progress)."""
+        state = self.sentinel.client().sentinel_masters().get(self.SERVICE) or {}
+        return (
+            self.master_port() == port
+            and int(state.get("port", 0)) == port
+            and bool(state.get("is_master"))
+            and not state.get("is_sdown")
+            and not state.get("is_odown")
+        )
+
     def stop(self) -> None:
         for server in (self.sentinel, self.replica, self.primary):
             server.kill()

@@ -48,10 +48,25 @@ def test_list_open_close_on_redis(redis_server: Any, namespace: str) -> None:
 def test_store_from_environment_and_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     monkeypatch.setenv("LOOP_GOVERNOR_STORE_URL", url)
+    SQLiteStore(tmp_path / "state.db").close()  # the agents' store, as their first run creates it
     assert runner.invoke(app, ["breakers", "open", "db_tool"]).exit_code == 0
     assert SQLiteStore(tmp_path / "state.db").breaker_get("db_tool").state is BreakerState.OPEN
+    SQLiteStore(tmp_path / "other.db").close()
     empty = runner.invoke(app, ["breakers", "--store", f"sqlite:///{tmp_path / 'other.db'}"])
     assert empty.exit_code == 0 and "no breakers" in empty.output
+
+
+@pytest.mark.parametrize("command", [[], ["open", "db_tool"], ["close", "db_tool"]])
+def test_a_store_that_does_not_exist_is_a_usage_error_not_a_new_empty_store(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Issue 35: a typo in --store must not create a store no agent reads and report it empty."""
+    typo = tmp_path / "stat.db"
+    result = runner.invoke(app, ["breakers", "--store", f"sqlite:///{typo}", *command])
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()  # one line saying what was expected
+    assert line.startswith("loop-governor: error: no store at ") and "expected the agents' shared store" in line
+    assert not typo.exists()
 
 
 def test_unreachable_redis_and_memory_store_are_errors(monkeypatch: pytest.MonkeyPatch) -> None:

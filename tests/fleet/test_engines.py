@@ -136,17 +136,31 @@ def test_sentinel_shares_breakers_buckets_and_tasks(redis_sentinel: Any) -> None
 
 def test_sentinel_failover_keeps_calls_governed_and_reconverges(redis_sentinel: Any) -> None:
     """SIGKILL the primary mid-run: no call raises anything but a governed error, the store
-    follows Sentinel to the promoted replica within 5 s of the promotion, and a restarted
-    old primary (a master again, empty, until Sentinel demotes it) is never written to."""
+    follows Sentinel to the promoted replica at its first reconnect after the promotion,
+    and a restarted old primary (a master again, empty, until Sentinel demotes it) is
+    never written to.
+
+    Every step waits on a condition with a bounded deadline, never on a fixed sleep or a
+    wall-clock figure (a loaded machine stretches those): the store runs on a clock of the
+    test's own (``monotonic``), frozen while Sentinel fails over, so its one reconnect is
+    made once the new primary is known, and it must succeed. Socket timeouts are generous
+    for the same reason: a starved CPU must not look like an outage."""
     setup = redis_sentinel
     ns = f"lg-fo-{uuid.uuid4().hex[:8]}"
     setup.wait_replica_known()
+    mono = [0.0]
+    reconnect_max = 4.0
+    store = RedisStore(
+        f"{setup.url}?namespace={ns}",
+        monotonic=lambda: mono[0],
+        socket_timeout=2.0,
+        connect_timeout=2.0,
+        reconnect_max_s=reconnect_max,
+    )
     models = {"openai:gpt-test": lg.ModelPolicy(rpm=600_000)}
-    config = lg.GovernorConfig(store_url=f"{setup.url}?namespace={ns}", retry_max_attempts=1, models=models)
-    gov = lg.Governor(config)
-    store: Any = gov.rt.store
-    events: list[tuple[float, str]] = []
-    gov.subscribe(lambda e: events.append((time.monotonic(), e["event"])) if e["event"].startswith("store_") else None)
+    gov = lg.Governor(lg.GovernorConfig(retry_max_attempts=1, models=models), store=store)
+    events: list[dict[str, Any]] = []
+    gov.subscribe(lambda e: events.append(e) if e["event"].startswith("store_") else None)
     unexpected: list[str] = []
     calls = [0]
     stop = threading.Event()
@@ -162,24 +176,31 @@ def test_sentinel_failover_keeps_calls_governed_and_reconverges(redis_sentinel: 
                 pass
             except BaseException as exc:  # the property under test: nothing else escapes
                 unexpected.append(f"{type(exc).__name__}: {exc}")
-            time.sleep(0.002)
+            stop.wait(0.002)  # pacing, not a wait: the loop keeps calling throughout
+
+    def seen(kind: str) -> list[dict[str, Any]]:
+        return [e for e in list(events) if e["event"] == kind]
 
     worker = threading.Thread(target=loop)
     worker.start()
     try:
         wait_calls = calls[0] + 20
-        _wait(lambda: calls[0] >= wait_calls, "calls through the primary")
+        _wait(lambda: calls[0] >= wait_calls, "calls through the primary", 60)
+        assert not store.degraded
         old_port = setup.primary.port
         setup.primary.kill()
-        _wait(lambda: setup.master_port() == setup.replica.port, "Sentinel to promote the replica", 20)
-        promoted = time.monotonic()
-        # the old primary comes back: a master again, empty, until Sentinel demotes it
+        _wait(lambda: store.degraded, "the store to notice the outage and go local", 60)
+        # the old primary comes back (a master again, empty, until Sentinel demotes it) while
+        # Sentinel fails over: the store must not pick it
+        _wait(lambda: setup.master_port() == setup.replica.port, "Sentinel to name the replica", 60)
         setup.primary.start()
         old = setup.primary.client()
-        _wait(lambda: any(e == "store_recovered" for _, e in events), "the store to follow the failover", 10)
-        recovered = next(t for t, e in events if e == "store_recovered")
+        _wait(lambda: setup.failover_done(setup.replica.port), "Sentinel to finish the failover", 60)
+        assert seen("store_recovered") == []  # the store's clock stood still: no reconnect yet
+        mono[0] += reconnect_max  # the store's next reconnect is due (backoff is capped at this)
+        _wait(lambda: seen("store_recovered"), "the store's reconnect to the promoted replica", 60)
         before = calls[0]
-        _wait(lambda: calls[0] >= before + 50, "calls through the new primary")
+        _wait(lambda: calls[0] >= before + 50, "calls through the new primary", 60)
         # Not demoted yet (a master before and after the look) while Sentinel names the
         # promoted replica: it must hold nothing of ours. (Once demoted it copies the new
         # primary's data; on a loaded machine Sentinel may even fail back over to it.)
@@ -194,10 +215,10 @@ def test_sentinel_failover_keeps_calls_governed_and_reconverges(redis_sentinel: 
             assert ours == []
     finally:
         stop.set()
-        worker.join(10)
+        worker.join(30)
     assert unexpected == []
-    assert [e for _, e in events][:1] == ["store_fallback"]
-    assert recovered - promoted <= 5.0, f"reconverged {recovered - promoted:.2f}s after the promotion"
+    assert [e["event"] for e in events][:2] == ["store_fallback", "store_recovered"]
+    assert seen("store_recovered")[0]["attempts"] == 1  # the first reconnect after the promotion
     assert not store.degraded
     named = setup.primary if setup.master_port() == old_port else setup.replica
     assert named.client().keys(f"{ns}:rate:*")  # the model's shared buckets live on the named primary

@@ -121,3 +121,20 @@ def test_plain_pytest_nbmake_collects_the_notebooks_without_the_dev_only_plugins
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 tests collected" in done.stdout
+
+
+def test_no_page_shows_a_raw_rest_role_or_loses_a_star(site: Path) -> None:
+    """mkdocstrings renders Markdown, not reST: a role shows up raw on the page, a `*`
+    read as emphasis vanishes (the configuration table read "0.5 + random()jitter")."""
+    pages = sorted(p.parent.name for p in site.glob("*/index.html") if (ROOT / "docs" / f"{p.parent.name}.md").exists())
+    assert "api" in pages and "configuration" in pages
+    for page in pages:
+        text = _text(site, page)
+        found = re.findall(r":(?:py:)?(?:class|meth|func|attr|mod|exc|data|obj|ref):\s*\S{0,40}", text)
+        assert not found, f"{page}: raw reST roles {found[:5]}"
+    config = _text(site, "configuration")
+    for model in (lg.GovernorConfig, lg.ToolPolicy, lg.ModelPolicy, lg.ModelPrice):
+        for name, field in model.model_fields.items():
+            if "*" in (field.description or ""):
+                assert " ".join(field.description.split()) in config, f"{model.__name__}.{name}"
+    assert "delay *= 0.5 + random()*jitter" in config

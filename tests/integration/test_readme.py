@@ -32,8 +32,6 @@ from lg_langchain import ScriptedChatModel
 from lg_openai_server import OpenAIServer
 from pydantic import BaseModel, Field
 
-import loop_governor as lg
-
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -256,18 +254,3 @@ def test_the_readmes_stop_snippet_catches_a_run_the_governor_stops(
     assert "search" in printed[-2]  # print(stop): the reason names the tool
     assert isinstance(namespace["kept"], list)  # stop.partial_results
     assert len(calls) == 1  # the repeats were answered from memory, then the run was stopped
-
-
-@pytest.mark.parametrize("page", [README, ROOT / "docs" / "concepts.md"], ids=["README", "concepts"])
-def test_what_the_readme_says_the_model_reads_is_what_it_reads(page: Path) -> None:
-    """The failure text the README and the concepts page show is the governor's own rendering."""
-    text = page.read_text(encoding="utf-8")
-    shown = text.split("## What the model reads", 1)[1].split("```text\n", 1)[1].split("```", 1)[0].rstrip("\n")
-
-    def fetch_doc(name: str) -> str:
-        raise FileNotFoundError(f"HTTP 404: no document named {name}")
-
-    governor = lg.Governor()
-    with governor.task("readme"), pytest.raises(lg.PermanentError) as failed:
-        governor.call("fetch_doc", fetch_doc, "refunds-2019.pdf")
-    assert failed.value.info.to_model_text() == shown

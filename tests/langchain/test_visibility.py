@@ -47,9 +47,40 @@ def test_misuse_fails_at_construction_naming_the_parameter(governor: lg.Governor
         GovernorMiddleware(governor, pruner=ContextPruner(), pruner_factory=ContextPruner)
     GovernorMiddleware(governor, pruner_factory=ContextPruner)  # a class is a factory
     single = fetch_tool(lc.Backend())
-    with pytest.raises(TypeError, match=r"govern_tools takes a list of tools.*pass \[tool\]"):
+    with pytest.raises(TypeError, match=r"govern_tools: tools must be a list of tools.*pass \[tool\]"):
         govern_tools(single, governor)  # type: ignore[arg-type]
     assert len(govern_tools([single], governor)) == 1
+
+
+def test_a_tool_that_is_no_tool_fails_at_construction_naming_the_parameter(governor: lg.Governor) -> None:
+    """Issue 35: ``govern_tools(["search"])`` used to fail with "'function' object has no
+    attribute 'name'" (LangChain's ``tool("search")`` is a decorator)."""
+    from langchain_governor import govern_tool
+
+    def search(query: str) -> str:
+        """Search the docs."""
+        return query
+
+    def undocumented(query: str) -> str:
+        return query
+
+    with pytest.raises(
+        TypeError, match=r"^tools\[0\] must be a LangChain BaseTool .*the string 'search' .*not its name"
+    ):
+        govern_tools(["search"], governor)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"^tool must be a LangChain BaseTool .*the string 'search'"):
+        govern_tool("search", governor)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^tools\[1\] must be a LangChain BaseTool .*got NoneType"):
+        govern_tools([search, None], governor)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"^govern_tools: tools must be a list of tools, got the function search"):
+        govern_tools(search, governor)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^govern_tools: tools must be a list of tools, got NoneType"):
+        govern_tools(None, governor)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^tool: undocumented cannot become a LangChain tool: .*docstring"):
+        govern_tool(undocumented, governor)
+    with pytest.raises(TypeError, match=r"^tool must be .* not the class"):
+        govern_tool(StructuredTool, governor)  # type: ignore[arg-type]
+    assert [t.name for t in govern_tools([search], governor)] == ["search"]  # a documented function is a tool
 
 
 # -- programming errors ------------------------------------------------------------------------
@@ -111,7 +142,8 @@ def test_a_stop_ends_the_task_with_its_outcome(
             agent.invoke(payload, thread("stop-1"))
         else:
             asyncio.run(agent.ainvoke(payload, thread("stop-1")))
-    assert str(stop.value).startswith("loop-governor stopped the run: fetch_page (401): ")
+    assert str(stop.value).startswith("loop-governor stopped the run: fetch_page (unauthorized, 401): ")
+    assert stop.value.info.code == "unauthorized"  # every stop has a code to branch on
     (end,) = [e for e in events if e["event"] == "task_end"]
     assert end["task_id"] == "stop-1" and end["outcome"] == "stopped" and end["error_class"] == "FatalError"
 

@@ -37,9 +37,8 @@ def test_failures_stay_out(storage: Any, governor: lg.Governor, events: list[dic
         [
             mk.record(f"search_docs answered {mk.GOVERNED_JSON}"),
             mk.record(mk.TRACEBACK),
-            mk.record("Error executing tool: timeout"),
-            mk.record("the result", metadata={"status": "error"}),
             mk.record("Paris is the capital of France"),
+            mk.record("ok", metadata={"tool_result": "Error: HTTP 404\nPermanent failure: fix the path."}),
         ]
     )
 
@@ -47,10 +46,23 @@ def test_failures_stay_out(storage: Any, governor: lg.Governor, events: list[dic
     assert [e["reason"] for e in mk.named(events, "memory_dropped")] == [
         "governed_error",
         "traceback",
-        "failed_result",
-        "failed_result",
+        "governed_error",
     ]
-    assert wrapped.stats["dropped"] == 4 and wrapped.stats["written"] == 1
+    assert wrapped.stats["dropped"] == 3 and wrapped.stats["written"] == 1
+
+
+def test_records_that_only_mention_an_error_are_kept(storage: Any, governor: lg.Governor, mk: Any) -> None:
+    wrapped = GovernedStorage(storage, governor)
+    texts = [
+        "Error executing tool: timeout (crewAI's words, not the governor's)",
+        f"The nightly job failed with this, fixed by pinning numpy:\n{mk.TRACEBACK}",
+        "Error: 'disk full' means the volume is at 100%; clean /tmp first.",
+    ]
+
+    wrapped.save([mk.record(t) for t in texts] + [mk.record("the result", metadata={"status": "error"})])
+
+    assert sorted(storage.contents()) == sorted([*texts, "the result"])
+    assert wrapped.stats["dropped"] == 0 and wrapped.stats["written"] == 4
 
 
 def test_secrets_are_redacted_in_content_and_metadata(storage: Any, governor: lg.Governor, mk: Any) -> None:
@@ -66,19 +78,24 @@ def test_secrets_are_redacted_in_content_and_metadata(storage: Any, governor: lg
     assert mk.SECRET in record.content  # the caller's record is not mutated
 
 
-def test_repeats_are_stored_once_newest_wins(storage: Any, governor: lg.Governor, mk: Any) -> None:
+def test_each_record_keeps_its_id_and_a_repeat_is_only_counted(
+    storage: Any, governor: lg.Governor, events: list[dict[str, Any]], mk: Any
+) -> None:
     wrapped = GovernedStorage(storage, governor)
     first = mk.record("Deploy 41 finished in 12s", scope="/ops")
+    other = mk.record("Deploy 42 finished in 9s", scope="/ops")
+    same = mk.record("Deploy  41 finished in 12s", scope="/ops")  # whitespace aside, the same
+    elsewhere = mk.record("Deploy 41 finished in 12s", scope="/dev")
     wrapped.save([first])
-    wrapped.save(
-        [mk.record("Deploy 42 finished in 9s", scope="/ops"), mk.record("Deploy 43 finished in 7s", scope="/ops")]
-    )
-    wrapped.save([mk.record("Deploy 44 finished in 8s", scope="/dev")])
+    wrapped.save([other, same])
+    wrapped.save([elsewhere])
 
-    by_scope = {r.scope: r for r in storage.records.values()}
-    assert len(storage.records) == 2
-    assert by_scope["/ops"].id == first.id and by_scope["/ops"].content == "Deploy 43 finished in 7s"
-    assert wrapped.stats["repeats"] == 2
+    assert {r.id: r.content for r in storage.records.values()} == {
+        r.id: r.content for r in (first, other, same, elsewhere)
+    }
+    (repeat,) = mk.named(events, "memory_repeat")
+    assert repeat["key"] == same.id and repeat["same_as"] == first.id
+    assert wrapped.stats["repeats"] == 1 and wrapped.stats["written"] == 4
 
 
 def test_blobs_and_size(storage: Any, governor: lg.Governor, mk: Any) -> None:
@@ -156,24 +173,25 @@ def test_async_twins(storage: Any, governor: lg.Governor, mk: Any) -> None:
 
     async def main() -> Any:
         await wrapped.asave([mk.record("async fact 1"), mk.record(mk.TRACEBACK)])
-        await wrapped.asave([mk.record("async fact 2")])  # a repeat: updates the first
-        hits = await wrapped.asearch(mk.hash_embedder(["async fact"])[0])
+        await wrapped.asave([mk.record("async fact 2")])
+        hits = await wrapped.asearch(mk.hash_embedder(["async fact 2"])[0])
         deleted = await wrapped.adelete(record_ids=[hits[0][0].id])
         return hits, deleted
 
     hits, deleted = asyncio.run(main())
-    assert [h[0].content for h in hits] == ["async fact 2"]
-    assert deleted == 1 and storage.records == {}
+    assert sorted(h[0].content for h in hits) == ["async fact 1", "async fact 2"]
+    assert hits[0][0].content == "async fact 2"
+    assert deleted == 1 and storage.contents() == ["async fact 1"]
 
 
-def test_deleted_records_are_not_resurrected_by_a_repeat(storage: Any, governor: lg.Governor, mk: Any) -> None:
+def test_a_deleted_record_is_not_a_repeat_of_a_new_one(storage: Any, governor: lg.Governor, mk: Any) -> None:
     wrapped = GovernedStorage(storage, governor)
     first = mk.record("fact 1")
     wrapped.save([first])
     wrapped.delete(record_ids=[first.id])
-    second = mk.record("fact 2")
+    second = mk.record("fact 1")
     wrapped.save([second])
-    assert list(storage.records) == [second.id]
+    assert list(storage.records) == [second.id] and wrapped.stats["repeats"] == 0
 
 
 def test_extra_backend_methods_pass_through(storage: Any, governor: lg.Governor) -> None:

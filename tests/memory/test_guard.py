@@ -18,11 +18,11 @@ from loop_governor.memory import MemoryGuard, failure_reason
         ('{"error":{"type":"transient","retryable":false,"message":"x","attempts":3}}', "governed_error"),
         ('search said: {"error":{"type":"fatal","retryable":false}} so I stopped', "governed_error"),
         ('{"note": "{\\"error\\":{\\"type\\":\\"permanent\\",\\"retryable\\":false}}"}', "governed_error"),
+        ("Error: HTTP 404: not found\nPermanent failure: fix the arguments.", "governed_error"),
+        ("The search said: Error: quota\nFatal: stop and report.\nThen I gave up.", "governed_error"),
+        ({"error": {"message": "x", "type": "permanent", "outcome": "will fail again if repeated"}}, "governed_error"),
         ('Traceback (most recent call last):\n  File "a.py", line 1, in <module>\nValueError', "traceback"),
-        ("Error executing tool: connection refused", "failed_result"),
-        ("Error: ToolException('boom')", "failed_result"),
-        ({"content": "fine", "status": "error"}, "failed_result"),
-        ({"notes": ["ok", {"deep": "Traceback (most recent call last):\n"}]}, "traceback"),
+        ({"log": "Traceback (most recent call last):\n  File \"a.py\", line 1, in f\nKeyError: 'k'"}, "traceback"),
     ],
 )
 def test_failures_are_recognized(value: Any, reason: str) -> None:
@@ -37,23 +37,29 @@ def test_failures_are_recognized(value: Any, reason: str) -> None:
         '{"error_rate": 0.1}',
         {"status": "ok", "text": "Paris is the capital of France"},
         ["a", {"b": 1}],
+        # records about errors, not failures: kept
+        "Error executing tool: connection refused",
+        "Error: ToolException('boom')",
+        {"content": "fine", "status": "error"},
+        {"notes": ["ok", {"deep": "Traceback (most recent call last):\n"}]},
+        '{"error": {"type": "permanent", "code": 12}}',  # someone else's error shape
     ],
 )
 def test_ordinary_records_pass(value: Any) -> None:
     assert failure_reason(value) is None
 
 
-def test_failed_objects_are_recognized() -> None:
+def test_failure_objects_are_read_by_their_text() -> None:
     class ToolMessageLike:
         status = "error"
-        content = "whatever"
+        content = "Error: boom\nPermanent failure: fix the input."
 
     class ToolFailureLike:
         message = "quota exceeded"
         reason = "tool_reported"
 
-    assert failure_reason(ToolMessageLike()) == "failed_result"
-    assert failure_reason(ToolFailureLike()) == "failed_result"
+    assert failure_reason(ToolMessageLike()) == "governed_error"
+    assert failure_reason(ToolFailureLike()) is None  # crewAI's own failure text: kept
 
 
 def test_drop_is_counted_and_reported(governor: lg.Governor, events: list[dict[str, Any]], mk: Any) -> None:
@@ -95,27 +101,29 @@ def test_blobs_are_stripped_and_long_records_cut_head_and_tail(governor: lg.Gove
     assert guard.stats.trimmed == 2
 
 
-def test_repeats_after_signature_normalization_update_the_older_record(governor: lg.Governor) -> None:
+def test_a_repeat_is_the_same_content_and_is_still_written_under_its_own_key(governor: lg.Governor) -> None:
     guard = MemoryGuard(governor, "Dict")
 
     first = guard.admit("/team", "r1", "Build 1412 passed at 2026-11-30T10:00:00Z")
-    again = guard.admit("/team", "r2", "Build 1413 passed at 2026-12-01T09:12:44Z")
-    other_scope = guard.admit("/other", "r3", "Build 1413 passed at 2026-12-01T09:12:44Z")
-    different = guard.admit("/team", "r4", "Build 1413 failed its lint step")
+    again = guard.admit("/team", "r2", "  Build 1412   passed at\n2026-11-30T10:00:00Z ")  # whitespace only
+    other_build = guard.admit("/team", "r3", "Build 1413 passed at 2026-12-01T09:12:44Z")
+    other_scope = guard.admit("/other", "r4", "Build 1412 passed at 2026-11-30T10:00:00Z")
 
-    assert first.action == "store"
-    assert again.action == "update" and again.existing == "r1"
-    assert again.value == "Build 1413 passed at 2026-12-01T09:12:44Z"  # the newer content wins
-    assert other_scope.action == "store" and different.action == "store"
+    assert first.action == again.action == other_build.action == other_scope.action == "store"
+    assert again.repeat_of == "r1" and again.value == "  Build 1412   passed at\n2026-11-30T10:00:00Z "
+    assert first.repeat_of is None and other_build.repeat_of is None and other_scope.repeat_of is None
     assert guard.stats.repeats == 1
 
 
 def test_dict_records_keep_their_keys_apart(governor: lg.Governor) -> None:
     guard = MemoryGuard(governor, "Store")
 
-    assert guard.admit(("u",), "a", {"theme": "dark"}).action == "store"
-    assert guard.admit(("u",), "b", {"lang": "en"}).action == "store"
-    assert guard.admit(("u",), "c", {"theme": "dark"}).existing == "a"
+    assert guard.admit(("u",), "a", {"theme": "dark"}).repeat_of is None
+    assert guard.admit(("u",), "b", {"lang": "en"}).repeat_of is None
+    assert guard.admit(("u",), "c", {"theme": "dark"}).repeat_of == "a"
+    assert guard.admit(("u",), "d", {"theme": "dark", "n": 2}).repeat_of is None
+    assert guard.admit(("u",), "a", {"theme": "light"}).repeat_of is None  # a's content changed
+    assert guard.admit(("u",), "e", {"theme": "dark"}).repeat_of == "c"
 
 
 def test_forgotten_records_are_stored_again(governor: lg.Governor) -> None:
@@ -137,13 +145,14 @@ def test_a_failed_write_degrades_to_an_event(
         calls.append(1)
         raise mk.HTTPError(503, "vector db unavailable")
 
-    assert guard.write(down, ["r"], records=1) is False
+    assert guard.write(down, ["r"], keys=[("/", "r")]) is False
 
     assert len(calls) == governor.config.retry_max_attempts  # retried as a governed tool
     assert clock.sleeps  # with backoff, on virtual time
     (failed,) = mk.named(events, "memory_save_failed")
     assert failed["tool"] == "memory:Dict" and failed["error_type"] == "transient"
-    assert guard.stats.save_failures == 1 and guard.stats.written == 0
+    assert failed["keys"] == ["r"] and failed["records"] == 1
+    assert guard.stats.save_failures == 1 and guard.stats.lost == 1 and guard.stats.written == 0
 
 
 def test_a_failed_read_raises_the_typed_error(governor: lg.Governor, mk: Any) -> None:
@@ -188,7 +197,7 @@ def test_async_twins_share_the_decisions(governor: lg.Governor, mk: Any) -> None
             raise mk.HTTPError(503, "blip")
 
     async def main() -> bool:
-        return await guard.awrite(flaky, "r")
+        return await guard.awrite(flaky, "r", keys=[("/", "r")])
 
     assert asyncio.run(main()) is True
     assert len(attempts) == 2 and guard.stats.written == 1

@@ -38,12 +38,15 @@ def test_failures_stay_out(governor: lg.Governor, events: list[dict[str, Any]], 
 
     store.put(NS, "a", {"result": mk.GOVERNED_JSON})
     store.put(NS, "b", {"text": mk.TRACEBACK})
-    store.put(NS, "c", {"content": "looked fine", "status": "error"})
+    store.put(NS, "c", {"content": "looked fine", "status": "error"})  # a job record: kept
     store.put(NS, "d", {"text": "prefers metric units"})
 
-    assert inner.faults.calls == 1  # the dropped puts never reached the backend
-    assert inner.values() == [{"text": "prefers metric units"}]
-    assert [e["reason"] for e in mk.named(events, "memory_dropped")] == ["governed_error", "traceback", "failed_result"]
+    assert inner.faults.calls == 2  # the dropped puts never reached the backend
+    assert {i.key: i.value for ns in inner.list_namespaces() for i in inner.search(ns)} == {
+        "c": {"content": "looked fine", "status": "error"},
+        "d": {"text": "prefers metric units"},
+    }
+    assert [e["reason"] for e in mk.named(events, "memory_dropped")] == ["governed_error", "traceback"]
 
 
 def test_secrets_blobs_and_size(governor: lg.Governor, mk: Any) -> None:
@@ -60,25 +63,28 @@ def test_secrets_blobs_and_size(governor: lg.Governor, mk: Any) -> None:
     assert log.startswith("start ") and log.endswith(" end") and "chars trimmed" in log
 
 
-def test_repeats_update_the_older_key(governor: lg.Governor, events: list[dict[str, Any]], mk: Any) -> None:
+def test_every_put_is_stored_under_its_own_key(governor: lg.Governor, events: list[dict[str, Any]], mk: Any) -> None:
     inner = InMemoryStore()
     store = GovernedStore(inner, governor)
 
     store.put(NS, "first", {"fact": "order 1001 shipped on 2026-11-29"})
     store.put(NS, "second", {"fact": "order 1002 shipped on 2026-11-30"})
-    store.put(NS, "third", {"fact": "order 1002 was refunded"})
+    store.put(NS, "third", {"fact": "order 1001 shipped on 2026-11-29"})
 
     assert {i.key: i.value["fact"] for i in inner.search(NS)} == {
-        "first": "order 1002 shipped on 2026-11-30",
-        "third": "order 1002 was refunded",
+        "first": "order 1001 shipped on 2026-11-29",
+        "second": "order 1002 shipped on 2026-11-30",
+        "third": "order 1001 shipped on 2026-11-29",
     }
-    assert len(mk.named(events, "memory_repeat")) == 1
+    (repeat,) = mk.named(events, "memory_repeat")
+    assert (repeat["key"], repeat["same_as"], repeat["scope"]) == ("third", "first", "users/u1")
     store.delete(NS, "first")
-    store.put(NS, "fourth", {"fact": "order 1003 shipped on 2026-12-01"})
-    assert inner.get(NS, "fourth") is not None  # the deleted item is not resurrected
+    store.delete(NS, "third")
+    store.put(NS, "fourth", {"fact": "order 1001 shipped on 2026-11-29"})
+    assert inner.get(NS, "fourth") is not None and store.stats["repeats"] == 1  # no longer a repeat
 
 
-def test_reads_pass_through_untouched(governor: lg.Governor) -> None:
+def test_reads_pass_through_untouched(governor: lg.Governor, mk: Any) -> None:
     inner = InMemoryStore()
     inner.put(NS, "raw", {"text": "written behind the wrapper", "status": "error"})
     store = GovernedStore(inner, governor)
@@ -88,7 +94,7 @@ def test_reads_pass_through_untouched(governor: lg.Governor) -> None:
     assert [i.key for i in store.search(NS)] == ["raw"]
     assert store.list_namespaces() == [NS]
     # a mixed batch: the dropped put answers None, the get its item
-    results = store.batch([PutOp(NS, "x", {"status": "error"}), GetOp(NS, "raw")])
+    results = store.batch([PutOp(NS, "x", {"log": mk.TRACEBACK}), GetOp(NS, "raw")])
     assert results[0] is None and results[1].key == "raw"
 
 
@@ -133,7 +139,7 @@ def test_async_twins(governor: lg.Governor, mk: Any, make_store: Any) -> None:
         return [i.value for i in await store.asearch(NS)], await store.aget(NS, "b")
 
     values, item = asyncio.run(main())
-    assert values == [{"text": "key 8 works"}] and item.value == {"text": "key 8 works"}
+    assert values == [{"text": "key 7 works"}, {"text": "key 8 works"}] and item.value == {"text": "key 7 works"}
 
 
 # -- a create_agent agent with a governed store -------------------------------------------------

@@ -53,13 +53,15 @@ def test_runs_appended_to_one_trace_stay_apart_with_their_outcomes(tmp_path: Pat
     page = render_report(trace)
     ended = page.split("How each task ended")[1].split("</section>")[0]
     assert "t1 · run 1</td><td>completed" in ended
-    assert "t1 · run 2</td><td>stopped" in ended and "crm (401): HTTPError: token expired" in ended
+    assert "t1 · run 2</td><td>stopped" in ended and "crm (unauthorized, 401): HTTPError: token expired" in ended
     # the CLI writes the same page
     out = tmp_path / "report.html"
     result = CliRunner().invoke(app, ["report", str(path), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "t1 · run 2</td><td>stopped" in out.read_text(encoding="utf-8")
-    assert "task t1 · run 2 stopped: FatalError crm (401): HTTPError: token expired" in " ".join(result.output.split())
+    assert "task t1 · run 2 stopped: FatalError crm (unauthorized, 401): HTTPError: token expired" in " ".join(
+        result.output.split()
+    )
 
 
 def test_a_trace_with_one_run_keeps_its_task_ids(tmp_path: Path) -> None:
@@ -90,5 +92,5 @@ def test_the_otel_run_span_carries_the_outcome() -> None:
     assert fine.status.status_code is not StatusCode.ERROR
     assert stopped.attributes["loop_governor.task.outcome"] == "stopped"
     assert stopped.attributes["error.type"] == "FatalError"
-    assert "billing (402)" in str(stopped.attributes["loop_governor.stop.reason"])
+    assert "billing (payment_required, 402)" in str(stopped.attributes["loop_governor.stop.reason"])
     assert stopped.status.status_code is StatusCode.ERROR

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from PIL import Image
+from lg_browser import screenshot
 from typer.testing import CliRunner
 
 import loop_governor as lg
@@ -91,53 +89,11 @@ def test_report_command_writes_the_page(scripted_trace: Path, tmp_path: Path) ->
     assert not (tmp_path / "report.html").exists()
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
 @pytest.mark.chromium
 def test_report_renders_in_headless_chromium(scripted_trace: Path, tmp_path: Path) -> None:
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("chromium not found on PATH (apt-get install chromium); the report is not rendered")
     report = tmp_path / "report.html"
     report.write_text(render_report(load_trace(scripted_trace)), encoding="utf-8")
-    shot = tmp_path / "report.png"
-    subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            f"--screenshot={shot}",
-            "--window-size=1200,1500",  # the outcome tables come first, the charts below them
-            report.as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    with Image.open(shot) as img:
-        rgb = img.convert("RGB")
-        assert rgb.size == (1200, 1500)
-        colors = rgb.getcolors(maxcolors=1 << 20)
-    assert colors is not None
-    by_color = {c: n for n, c in colors}
-    assert len(by_color) > 50  # text, charts and cards, not a blank or single-colour page
-    white = by_color.get((255, 255, 255), 0) + by_color.get((246, 247, 249), 0)
-    assert white < 0.9 * 1200 * 1500
-
-    def near(rgb_hex: str) -> int:
-        r, g, b = (int(rgb_hex[i : i + 2], 16) for i in (1, 3, 5))
-        return sum(n for (cr, cg, cb), n in by_color.items() if abs(cr - r) + abs(cg - g) + abs(cb - b) < 12)
-
+    near = screenshot(report, tmp_path, (1200, 1500))  # the outcome tables come first, the charts below them
     # the token chart's cached (green) and uncached (orange) bars and the error bars drew
     assert near("#2e7d32") > 200
     assert near("#ef6c00") > 200

@@ -344,3 +344,29 @@ def test_the_governors_loop_stop_comes_before_crewais_repeated_call_check(server
     else:
         pytest.fail("the loop was not stopped")
     assert ends(events) == [("stopped", "NoProgressError")]
+
+
+def test_every_model_of_the_kickoff_is_governed_and_given_back(server: OpenAIServer) -> None:
+    """The agent's function_calling_llm too (crewAI parses text tool calls with it): an
+    ungoverned one would retry on its own, crewAI's retries on top of the SDK's."""
+    from crewai_governor.llm import is_governed_llm
+
+    seen: list[tuple[bool, bool]] = []
+
+    class Probe(BaseTool):
+        name: str = "probe"
+        description: str = "Report whether the agent's models are governed."
+
+        def _run(self) -> str:
+            agent = crew.agents[0]
+            seen.append((is_governed_llm(agent.llm), is_governed_llm(agent.function_calling_llm)))
+            return "probed"
+
+    server.set_script(lambda r: "done" if tool_texts(r) else native(("probe", {}))(r))
+    gov, _ = governor()
+    crew = crew_for(llm_for(server), [Probe()], gov)
+    parser = llm_for(server)
+    crew.agents[0].function_calling_llm = parser
+    assert kickoff(crew, gov, "kickoff").raw == "done"
+    assert seen == [(True, True)]
+    assert crew.agents[0].function_calling_llm is parser and not is_governed_llm(crew.agents[0].llm)

@@ -144,12 +144,15 @@ def stop_error(exc: lg.FatalError) -> lg.FatalError:
 
 def model_stop(exc: lg.AgentToolError) -> lg.AgentToolError:
     """A governed model call's failure as a crewAI run stop (``HookAborted``) that is also
-    ``exc``'s own class (``except lg.FatalError`` / ``lg.AgentToolError`` still catch it).
+    ``exc``'s own class (``except lg.FatalError`` / ``lg.AgentToolError`` still catch it),
+    with the provider's exception as its ``__cause__`` (never its class: an
+    ``except openai.RateLimitError: retry`` must not retry a stopped run).
 
-    crewAI wraps every LLM call in its own rate-limit retry, which walks the exception's
-    ``__cause__``/``__context__`` chain and its text for a 429 or "rate limit": the
-    governor already retried, so the stop carries neither (the provider's words stay in
-    ``.info``), and crewAI's agent retry loop lets a ``HookAborted`` through.
+    crewAI wraps every LLM class's call method in its own rate-limit retry, which walks an
+    exception's ``__cause__`` chain for a 429; a governed LLM's call is not wrapped (see
+    `crewai_governor.llm`), and crewAI's agent retry loop lets a ``HookAborted``
+    through. The stop's text carries no "rate limit" wording either (the provider's words
+    stay in ``.info``).
     """
     stop_cls = _stop_class(type(exc))
     info = exc.info
@@ -162,7 +165,7 @@ def model_stop(exc: lg.AgentToolError) -> lg.AgentToolError:
     stop.args = (summary,)
     stop.reason = reason
     stop.source = "loop_governor"
-    stop.__cause__ = None
+    stop.__cause__ = exc.__cause__  # the provider's exception, as in the LangChain adapter
     stop.__context__ = None
     stop.__suppress_context__ = True
     result: lg.AgentToolError = stop

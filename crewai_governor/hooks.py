@@ -39,8 +39,11 @@ a ``HookAborted`` stop ([`crewai_governor.failures.stop_error`][crewai_governor.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
+import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -51,6 +54,7 @@ from crewai.hooks.dispatch import (
     HookAborted,
     HookFn,
     InterceptionPoint,
+    get_global_hook_list,
     get_scoped_hooks,
     register,
     register_scoped,
@@ -59,6 +63,7 @@ from crewai.hooks.dispatch import (
 )
 from crewai.llms.base_llm import BaseLLM
 from crewai.tools.tool_failure import ToolExecutionFailedError, failure_from_exception, handle_tool_failure
+from crewai.utilities.string_utils import sanitize_tool_name
 
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
@@ -67,10 +72,11 @@ from crewai_governor.llm import govern_llm, is_governed_llm
 from crewai_governor.tools import GovernedTool
 from loop_governor.config import check_pruner
 from loop_governor.context.tokens import approx_tokens
-from loop_governor.context.view import ASSISTANT, TOOL, codec_for
-from loop_governor.scope import NAME_CHARS, readable_name
+from loop_governor.conversation import links
+from loop_governor.ladder import keep_listed
+from loop_governor.scope import NAME_CHARS, RunAbandoned, readable_name
 
-__all__ = ["GovernorHooks", "Installation", "MessagePruner", "install"]
+__all__ = ["GovernorHooks", "Installation", "MessagePruner", "install", "installed"]
 
 BLOCKED_PREFIX = "Tool execution blocked by hook"
 _MAX_RESPONSE_CHARS = 2000
@@ -86,27 +92,13 @@ def _count_tokens(messages: list[Any]) -> int:
     return sum(approx_tokens(m) for m in messages)
 
 
-def _tool_links(messages: list[Any]) -> tuple[list[str], list[str | None]]:
-    """Tool-call ids the assistant messages issued, and the ids tool results answer."""
-    calls: list[str] = []
-    results: list[str | None] = []
-    for m in messages:
-        codec = codec_for(m)
-        role = codec.role(m)
-        if role == ASSISTANT:
-            calls.extend(c.id for c in codec.tool_calls(m) if c.id is not None)
-        elif role == TOOL:
-            results.append(codec.tool_call_id(m))
-    return calls, results
-
-
 def _pairs_intact(before: list[Any], after: list[Any]) -> bool:
     """True when ``after`` orphans no tool result and drops no answer to a kept call.
 
     ReAct conversations carry no tool-call ids and always pass.
     """
-    _, answered_before = _tool_links(before)
-    calls, results = _tool_links(after)
+    _, answered_before = links(before)
+    calls, results = links(after)
     issued = set(calls)
     if any(r is None or r not in issued for r in results):
         return False
@@ -135,6 +127,74 @@ def _untally_poll(context: Any) -> None:
     except Exception:  # an argument crewAI could not have hashed either
         return
     counts.pop(key, None)
+
+
+def installed(governor: lg.Governor) -> bool:
+    """Whether an active `install` of ``governor`` reaches the current context: its
+    hooks registered process-wide, or in the crewAI hook scope this code runs in."""
+    point = InterceptionPoint.PRE_MODEL_CALL
+    for hook in (*get_scoped_hooks(point), *get_global_hook_list(point)):
+        owner = getattr(hook, "__self__", None)
+        if isinstance(owner, GovernorHooks) and owner.governor is governor and owner.active:
+            return True
+    return False
+
+
+# What crewAI's text (ReAct) prompt lists of the tools: each tool's formatted description
+# (render_text_description_and_args), and their names as "[a, b, c]" in the format lines.
+_NAMES = re.compile(r"\[([^\[\]\n]*)\]")
+
+
+def _tools_of(context: Any, governor: lg.Governor) -> list[GovernedTool]:
+    """The governed tools (of ``governor``) the agent of an LLM call holds."""
+    holder = getattr(context, "executor", None)
+    tools = getattr(holder, "tools", None) or getattr(getattr(context, "agent", None), "tools", None) or ()
+    found: list[GovernedTool] = []
+    for tool in tools:
+        original = getattr(tool, "_original_tool", tool)
+        if isinstance(original, GovernedTool) and original.governor is governor:
+            found.append(original)
+    return found
+
+
+def _without_tools(text: str, gone: list[GovernedTool], names: list[str]) -> tuple[str, list[str]]:
+    """``text`` with the ``gone`` tools' descriptions and names taken out of the tool
+    listing; and the names of those it found no description of (left listed)."""
+    left: list[str] = []
+    for tool in gone:
+        block = tool.formatted_description
+        if block and block in text:
+            text = text.replace("\n" + block, "").replace(block + "\n", "").replace(block, "")
+        elif tool.name in text:
+            left.append(tool.name)
+    dropped = {sanitize_tool_name(t.name) for t in gone} - {sanitize_tool_name(n) for n in left}
+
+    def rename(match: re.Match[str]) -> str:
+        listed = [n.strip() for n in match.group(1).split(",")]
+        if not dropped.intersection(listed) or not set(listed) <= set(names):
+            return match.group(0)  # not the tool names list
+        return "[" + ", ".join(n for n in listed if n not in dropped) + "]"
+
+    return _NAMES.sub(rename, text), left
+
+
+def _let_repeat_through(context: Any) -> None:
+    """crewAI's text (ReAct) path answers a call identical to the agent's last one with
+    "I tried reusing the same input..." without running it, and ends the run itself at the
+    5th identical (tool, arguments, result). The governor never saw those calls, so its
+    ladder (told at the 3rd, withdrawn at the 4th, then the stop, with partial results)
+    never came first. A governed tool's repeats reach the governor instead: crewAI's
+    record of the last tool used (a public ToolsHandler attribute, which only that check
+    reads) is cleared for them. Its cache is off for governed tools for the same reason
+    (`crewai_governor.tools.governor_sees_every_call`)."""
+    agent = getattr(context, "agent", None)
+    for holder in (
+        getattr(agent, "tools_handler", None),
+        getattr(getattr(agent, "agent_executor", None), "tools_handler", None),
+    ):
+        if holder is not None and getattr(holder, "last_used_tool", None) is not None:
+            with contextlib.suppress(Exception):
+                holder.last_used_tool = None
 
 
 class GovernorHooks:
@@ -173,6 +233,11 @@ class GovernorHooks:
         self._shared_prune_lock = threading.Lock()
         # per executor: id(pruned message) -> (pruned message, the original it replaced)
         self._swaps: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
+        # per executor: id(edited prompt message) -> (original, withdrawn tools, edited), the
+        # text prompts with withdrawn tools taken out (_hide_withdrawn)
+        self._edits: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, tuple[str, ...], Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
         # structured errors for calls blocked in before_tool_call, keyed by the identity of
         # the tool_input dict (the same object reaches the after hook on every path)
         self._blocked: dict[int, tuple[dict[str, Any], lg.CircuitOpenError]] = {}
@@ -192,6 +257,7 @@ class GovernorHooks:
                 self.governor.count_step("model")
             except lg.FatalError as exc:
                 raise stop_error(exc) from exc
+        self._hide_withdrawn(context)
         pruner, lock = self._pruner_for(context)
         if pruner is None or lock is None:
             return
@@ -227,6 +293,47 @@ class GovernorHooks:
             messages_before=len(before),
             messages_after=len(pruned),
         )
+
+    def _hide_withdrawn(self, context: Any) -> None:
+        """crewAI's text (ReAct) path lists the tools in the prompt: take the withdrawn ones
+        out of that text (and put them back once they are offered again). The edited
+        messages are copies, made once per withdrawal set and reused, so the prompt stays
+        byte-identical between withdrawals. A withdrawn tool whose description the prompt
+        does not hold as crewAI renders it stays listed: the ladder then refuses its calls
+        instead of ending the run (`loop_governor.ladder.keep_listed`)."""
+        llm = getattr(context, "llm", None)
+        owner = getattr(context, "executor", None)
+        scope = self.governor.current_task()
+        if scope is None or owner is None or getattr(llm, "supports_function_calling", lambda: True)():
+            return
+        edits = self._edits.get(owner)
+        if not scope.withdrawn and not edits:
+            return
+        tools = _tools_of(context, self.governor)
+        gone = [t for t in tools if t.name in scope.withdrawn]
+        key = tuple(sorted(t.name for t in gone))
+        names = [sanitize_tool_name(t.name) for t in tools]
+        messages = context.messages
+        edits = edits if edits is not None else {}
+        for i, message in enumerate(messages):
+            known = edits.get(id(message))
+            original = known[0] if known is not None and known[2] is message else message
+            if not isinstance(original, dict) or original.get("role") not in ("system", "user"):
+                continue
+            content = original.get("content")
+            if not isinstance(content, str):
+                continue
+            if known is not None and known[2] is message and known[1] == key:
+                continue  # already as this withdrawal set wants it
+            text, left = _without_tools(content, gone, names) if gone else (content, [])
+            keep_listed(scope, left)
+            edited = original if text == content else {**original, "content": text}
+            messages[i] = edited
+            edits.pop(id(message), None)
+            if edited is not original:
+                edits[id(edited)] = (original, key, edited)
+        with self._lock:
+            self._edits[owner] = edits
 
     def _originals(self, owner: Any, messages: list[Any]) -> list[Any]:
         """``messages`` with every message this hook pruned earlier swapped back for its original."""
@@ -307,12 +414,15 @@ class GovernorHooks:
 
     # -- tool calls -------------------------------------------------------------------
     def before_tool_call(self, context: Any) -> bool | None:
-        if not self.active or not self._block_open_breakers:
+        if not self.active:
             return None
         tool = getattr(context, "tool", None)
         original = getattr(tool, "_original_tool", None)
         governed = original if isinstance(original, GovernedTool) else tool
         if not isinstance(governed, GovernedTool) or governed.governor is not self.governor:
+            return None
+        _let_repeat_through(context)
+        if not self._block_open_breakers:
             return None
         try:
             self.governor.check_breaker(governed.name)
@@ -383,22 +493,39 @@ class GovernorHooks:
             self._swap_llms(owner, kind)
         if self.governor.current_task() is not None:
             return
+        # A task an earlier kickoff of this crew left open ended first: crewAI dispatches
+        # execution_end for a kickoff that raised an Exception, not for one cancelled or
+        # interrupted (CancelledError, KeyboardInterrupt).
+        self._end_run(owner, RunAbandoned("the kickoff ended before crewAI said so (cancelled or interrupted)"))
         scope = self.governor.task(f"crewai-{kind}-{getattr(owner, 'id', None) or id(owner)}", name=_run_name(owner))
         scope.__enter__()
         with self._lock:
             self._run_scopes[id(owner)] = (owner, scope)
+        try:
+            running = asyncio.current_task()
+        except RuntimeError:  # no event loop: a sync kickoff
+            running = None
+        if running is not None:  # an async kickoff: its end, however it comes, ends the task
+            running.add_done_callback(functools.partial(self._kickoff_done, owner, scope))
 
     def _swap_llms(self, owner: Any, kind: str) -> None:
         """Give the kickoff's agents (a standalone agent's executor) governed LLM copies."""
         holders = list(getattr(owner, "agents", None) or ()) if kind == "crew" else [owner]
         compact = self._pruner is not None or self._pruner_factory is not None
         swapped: list[tuple[Any, str, Any]] = []
+        if kind == "crew":
+            holders.append(owner)  # the crew's own function_calling_llm / manager_llm
         for holder in holders:
-            llm = getattr(holder, "llm", None)
-            if isinstance(llm, BaseLLM) and not is_governed_llm(llm):
-                governed = govern_llm(llm, self.governor, fallbacks=self._fallback_llms, compact=compact)
-                holder.llm = governed
-                swapped.append((holder, "llm", llm))
+            # every model the kickoff calls: the agent's, and the one crewAI parses tool
+            # calls with, and a hierarchical crew's manager (crewAI's own retries would
+            # multiply the governor's on an ungoverned one)
+            for attr in ("llm", "function_calling_llm", "manager_llm"):
+                llm = getattr(holder, attr, None)
+                if isinstance(llm, BaseLLM) and not is_governed_llm(llm):
+                    fallbacks = self._fallback_llms if attr == "llm" else ()
+                    governed = govern_llm(llm, self.governor, fallbacks=fallbacks, compact=compact)
+                    setattr(holder, attr, governed)
+                    swapped.append((holder, attr, llm))
         if swapped:
             with self._lock:
                 self._swapped[id(owner)] = swapped
@@ -416,14 +543,28 @@ class GovernorHooks:
             return
         owner = run[0]
         self._restore_llms(owner)
+        error = getattr(context, "error", None)  # crewAI's, for a kickoff that raised
+        self._end_run(owner, error if isinstance(error, BaseException) else None)
+
+    def _end_run(self, owner: Any, error: BaseException | None, scope: lg.TaskScope | None = None) -> bool:
+        """End the task this object opened for ``owner``'s kickoff (``scope``: only that
+        one), with ``error`` as how the kickoff ended; whether there was one to end."""
         with self._lock:
             entry = self._run_scopes.get(id(owner))
-            if entry is not None and entry[0] is owner:
-                del self._run_scopes[id(owner)]
-            else:
-                entry = None
-        if entry is not None:
-            entry[1].__exit__(None, None, None)
+            if entry is None or entry[0] is not owner or (scope is not None and entry[1] is not scope):
+                return False
+            del self._run_scopes[id(owner)]
+        entry[1].__exit__(type(error) if error is not None else None, error, None)
+        return True
+
+    def _kickoff_done(self, owner: Any, scope: lg.TaskScope, task: asyncio.Task[Any]) -> None:
+        """An async kickoff's task finished: a task crewAI's execution_end did not end
+        (the kickoff was cancelled) ends here."""
+        error: BaseException = (
+            asyncio.CancelledError() if task.cancelled() else RunAbandoned("the kickoff ended before crewAI said how")
+        )
+        if self._end_run(owner, error, scope):
+            self._restore_llms(owner)
 
     def callables(self) -> dict[InterceptionPoint, HookFn]:
         return {

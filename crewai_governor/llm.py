@@ -37,7 +37,7 @@ from crewai_governor.failures import context_overflow, model_stop
 from loop_governor.compaction import is_context_overflow
 from loop_governor.context.compact import emergency_compact
 from loop_governor.context.tokens import approx_tokens
-from loop_governor.ladder import offered_tools
+from loop_governor.ladder import tool_offer
 from loop_governor.usage import Usage
 
 __all__ = ["endpoint_of", "govern_llm", "governor_of_llm", "is_governed_llm"]
@@ -83,7 +83,7 @@ class _Governed:
             sink.append(dict(usage_data))
 
     def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs = _offered(self._lg_governor, kwargs)
+        kwargs = _offered(self._lg_governor, messages, kwargs)
         spec = _spec(self, messages, args, kwargs, asynchronous=False)
         try:
             return self._lg_governor.call_model(spec.endpoint, spec.attempt, messages, **spec.options)
@@ -94,7 +94,7 @@ class _Governed:
         raise _outcome(failure)  # outside the except block: no implicit chain to a 429
 
     async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs = _offered(self._lg_governor, kwargs)
+        kwargs = _offered(self._lg_governor, messages, kwargs)
         spec = _spec(self, messages, args, kwargs, asynchronous=True)
         try:
             return await self._lg_governor.acall_model(spec.endpoint, spec.attempt, messages, **spec.options)
@@ -105,18 +105,19 @@ class _Governed:
         raise _outcome(failure)
 
 
-def _offered(governor: lg.Governor, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The call's keyword arguments with the task's withdrawn tools taken out of the tool
-    schemas the model is offered (the ladder's step before a stop,
-    [`loop_governor.ladder`][loop_governor.ladder]); with none left the model can only answer."""
+def _offered(governor: lg.Governor, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's keyword arguments as the ladder offers the tools once some are
+    withdrawn ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn schemas;
+    with every tool withdrawn and tool history in the conversation they stay (crewAI sends
+    ``tool_choice="auto"`` itself, so a call of a withdrawn tool then ends the run)."""
     tools = kwargs.get("tools")
     scope = governor.current_task() if tools else None
     if scope is None or not scope.withdrawn or not isinstance(tools, list):
         return kwargs
-    kept = offered_tools(scope, tools)
-    if kept is None:
+    offer = tool_offer(scope, tools, messages if isinstance(messages, list) else ())
+    if offer is None or len(offer.tools) == len(tools):
         return kwargs
-    return {**kwargs, "tools": kept or None}  # an empty tool list is a 400 at some providers
+    return {**kwargs, "tools": offer.tools or None}  # an empty tool list is a 400 at some providers
 
 
 class _Denied(BaseException):

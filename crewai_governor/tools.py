@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 import warnings
 import weakref
@@ -43,6 +44,7 @@ from loop_governor.config import check_tool_list, not_a_tool
 __all__ = [
     "GovernedStructuredTool",
     "GovernedTool",
+    "UngovernedModelWarning",
     "govern_tool",
     "govern_tools",
     "governor_of",
@@ -79,13 +81,27 @@ def governor_of(tool: Any) -> lg.Governor | None:
 
 
 def cache_unless_failure(_args: Any = None, result: Any = None) -> bool:
-    """crewAI ``cache_function``: never cache a failure.
+    """crewAI ``cache_function`` for a tool whose own function allows caching: never cache
+    a failure.
 
     With ``Crew(cache=True)`` crewAI caches every result by (tool, input), including
     ``ToolFailure`` results, so one transient 503 would be replayed for the rest of the
     run without reaching the service again. Module-level so crewAI can serialize it.
     """
     return not isinstance(result, ToolFailure)
+
+
+def governor_sees_every_call(_args: Any = None, _result: Any = None) -> bool:
+    """crewAI ``cache_function`` of a governed tool whose own tool has crewAI's default:
+    cache nothing.
+
+    crewAI's cache (``Crew(cache=True)``, the default) answers an identical call with its
+    first result for the rest of the crew -- after another tool changed what it reads, too
+    -- and the governor never sees those calls: a model repeating one would meet crewAI's
+    own repeated-call stop (the 5th identical call) instead of the governor's ladder, which
+    warns first and ends the run earlier, with the partial results. A tool with a
+    ``cache_function`` of its own keeps it (and failures are never cached)."""
+    return False
 
 
 # crewAI's ReAct path (ToolUsage) runs a raising tool three times, invoking it twice per
@@ -169,6 +185,7 @@ class GovernedTool(BaseTool):
 
     # -- sync: what crewAI calls (native path: tool.run; ReAct path: structured invoke)
     def _run(self, *args: Any, **kwargs: Any) -> Any:
+        _say_if_ungoverned(self._governor)
         try:
             return self._governor.call(self.name, self._call_inner, *args, **kwargs)
         except lg.AgentToolError as exc:
@@ -184,6 +201,7 @@ class GovernedTool(BaseTool):
 
     # -- async: for callers that await tool.arun(); crewAI 1.15 itself never does
     async def _arun(self, *args: Any, **kwargs: Any) -> Any:
+        _say_if_ungoverned(self._governor)
         try:
             if self._inner_is_async():
                 return await self._governor.acall(self.name, self._acall_inner, *args, **kwargs)
@@ -235,10 +253,38 @@ class GovernedTool(BaseTool):
         return structured
 
 
+class UngovernedModelWarning(UserWarning):
+    """A governed crewAI tool ran without ``install()``: the crew's model calls are not
+    governed (no retries, budgets, breaker or stop of the governor's; crewAI's own
+    retries and the SDK's instead)."""
+
+
+_told: weakref.WeakSet[lg.Governor] = weakref.WeakSet()
+
+
+def _say_if_ungoverned(governor: lg.Governor) -> None:
+    """Once per governor: a governed tool running outside ``install()`` says, as a
+    warning and a ``loop_governor`` log line, that the model calls are not governed."""
+    if governor in _told:
+        return
+    from crewai_governor.hooks import installed  # (hooks builds on this module)
+
+    if installed(governor):
+        return
+    _told.add(governor)
+    text = (
+        "a governed crewAI tool ran outside `with install(governor):` -- its tool calls are "
+        "governed, but the crew's model calls are not (no retries with backoff, budgets, "
+        "breaker or stop on an exhausted quota); wrap the kickoff in `with install(governor):`"
+    )
+    warnings.warn(text, UngovernedModelWarning, stacklevel=3)
+    logging.getLogger("loop_governor").warning(text)
+
+
 def _cache_function_for(inner: BaseTool) -> Callable[..., bool]:
     inner_cache = inner.cache_function
     if getattr(inner_cache, "__name__", "") == "_default_cache_function":
-        return cache_unless_failure
+        return governor_sees_every_call
 
     def cache_unless_failure_then_inner(args: Any = None, result: Any = None) -> bool:
         return cache_unless_failure(args, result) and bool(inner_cache(args, result))

@@ -28,6 +28,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
 import loop_governor as lg
+from loop_governor.classify import retried_by_class
 from loop_governor.redaction import redact_obj
 
 __all__ = ["GovernedFatalError", "GovernedToolError", "fatal_stop", "model_error", "tool_error"]
@@ -198,7 +199,9 @@ def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
     LangGraph lets it through to the caller) that is also an instance of the model's own exception class
     where Python can combine the two -- ``except lg.FatalError`` and
     ``except openai.AuthenticationError`` both catch a revoked key, and a middleware or a
-    caller matching the model's exceptions keeps matching. The class reads
+    caller matching the model's exceptions keeps matching. A stop whose model exception is
+    of a class clients retry (``openai.RateLimitError`` for an exhausted quota, a 5xx)
+    is not mixed with it: an ``except RateLimitError: retry`` must not retry a stopped run. The class reads
     ``Governed<ModelErrorClass>`` in a traceback (its ``__qualname__``; its ``__name__`` is
     the model error's, as formatters print it); the model's exception is its ``__cause__``. A fatal
     stop reads ``"loop-governor stopped the run: <reason>"``; another failure keeps the
@@ -206,6 +209,11 @@ def model_error(error: lg.AgentToolError) -> lg.AgentToolError:
     cause = error.__cause__
     governed: lg.AgentToolError = fatal_stop(error) if isinstance(error, lg.FatalError) else error
     if not isinstance(cause, Exception) or isinstance(cause, lg.AgentToolError | GraphBubbleUp):
+        return governed
+    if isinstance(error, lg.FatalError) and retried_by_class(cause):
+        # a stop must not be caught by ``except openai.RateLimitError: retry`` (an
+        # exhausted quota is one): it keeps the provider's exception as its cause only
+        governed.__cause__ = cause
         return governed
     own = type(cause)
     cls = _mixed(type(governed), own, own_name=own.__name__)

@@ -42,17 +42,20 @@ from typing import Annotated, Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
 from langchain.agents.middleware.types import PrivateStateAttr
-from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, RemoveMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.tools import BaseTool
+from langgraph.config import get_config
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.errors import GraphBubbleUp
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 from typing_extensions import NotRequired
 
 import loop_governor as lg
-from langchain_governor._capture import PromptCapture, capture_prompt
+from langchain_governor._capture import ModelStop, PromptCapture, capture_prompt
 from langchain_governor._common import (
     STATE_TASK_KEY,
     first_request,
@@ -62,14 +65,15 @@ from langchain_governor._common import (
     thread_id_of,
 )
 from langchain_governor._pruning import MessagePruner, PrunerPool
-from langchain_governor._scopes import LiveTasks
-from langchain_governor.errors import GovernedToolError, answerable, model_error
+from langchain_governor._scopes import LiveTasks, RunInfo
+from langchain_governor.errors import GovernedFatalError, GovernedToolError, answerable, fatal_stop, model_error
 from langchain_governor.models import ModelCopies, describe, prompt_tokens, usage_of_response
 from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
 from loop_governor.call import PassThrough
 from loop_governor.config import check_pruner
 from loop_governor.context.compact import emergency_compact
-from loop_governor.ladder import offered_tools
+from loop_governor.conversation import not_run_text, pending_tool_calls, stop_text
+from loop_governor.ladder import tool_offer
 
 
 class GovernorState(AgentState[Any]):
@@ -79,6 +83,12 @@ class GovernorState(AgentState[Any]):
 
 
 ToolResult = ToolMessage | Command[Any]
+
+# Chat models (by their LangSmith provider name) whose bind_tools passes tool_choice="none"
+# through to a provider that honours it: OpenAI's Chat Completions (and Azure's). Others
+# get no tool_choice from the governor: Bedrock's Converse API has no "none", and an
+# integration may read an unknown string as a tool name.
+_FORBIDS_TOOL_CALLS = frozenset({"openai", "azure"})
 
 
 def emit_pruning(governor: lg.Governor, before: Sequence[BaseMessage], after: Sequence[BaseMessage]) -> None:
@@ -116,6 +126,8 @@ def _model_only(handler: Callable[[ModelRequest[Any]], Any], capture: PromptCapt
     def attempt(request: ModelRequest[Any]) -> Any:
         try:
             return handler(request)
+        except ModelStop as stop:
+            raise stop.error from None  # the model's own failure, for the governor to classify
         except Exception as exc:
             if capture.raised_by_model(exc):
                 raise
@@ -130,6 +142,8 @@ def _amodel_only(
     async def attempt(request: ModelRequest[Any]) -> Any:
         try:
             return await handler(request)
+        except ModelStop as stop:
+            raise stop.error from None
         except Exception as exc:
             if capture.raised_by_model(exc):
                 raise
@@ -207,19 +221,20 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         named = [self._copies(m)[1] for m in fallback_models]
         if len(set(named)) < len(named):  # the agent's own model is checked per call (governor.call_model)
             raise ValueError(f"fallback_models: an endpoint is named twice: {named}")
-        self._tasks = LiveTasks(self.governor, resume)
+        self._tasks = LiveTasks(self.governor, resume, on_end=self._pruners.drop)
 
     # -- task scope ---------------------------------------------------------------------
     #
     # One governor task per agent run, keyed by the LangGraph thread_id (else an id kept
-    # in graph state), live from the first node to after_agent; see _scopes.LiveTasks.
-    # A scope the caller opened around invoke() wins: contextvars reach every node.
+    # in graph state), live from the first node to the run's end, however it ends; see
+    # _scopes.LiveTasks. A scope the caller opened around invoke() wins: contextvars
+    # reach every node.
 
     def before_agent(self, state: GovernorState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        return self._assign_task_id(state, runtime)
+        return self._start_run(state, runtime)
 
     async def abefore_agent(self, state: GovernorState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        return self._assign_task_id(state, runtime)
+        return self._start_run(state, runtime)
 
     def after_agent(self, state: GovernorState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         self._end_task(state, runtime)
@@ -229,18 +244,64 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         self._end_task(state, runtime)
         return None
 
-    def _assign_task_id(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        # The model node and the tool node are separate graph nodes: a generated id has
-        # to live in graph state so both (and a resumed run) find the same task.
-        if self._thread_id(runtime) is not None or state_value(state, STATE_TASK_KEY):
+    def _start_run(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """A new run: its task id (a generated one lives in graph state: the model node and
+        the tool node are separate graph nodes, and a resumed run must find it), a task an
+        earlier run of the thread left open ended, and the tool calls that run left
+        unanswered answered -- or no provider accepts the thread's history again."""
+        update: dict[str, Any] = {}
+        task_id = self._thread_id(runtime) or state_value(state, STATE_TASK_KEY)
+        if not task_id:
+            task_id = new_task_id()
+            update[STATE_TASK_KEY] = task_id
+        if self.governor.current_task() is None:
+            name = lambda: self._thread_id(runtime) or first_request(state)  # noqa: E731
+            self._tasks.begin(str(task_id), self._run_info(runtime), name)
+        answered = self._answer_pending(state_value(state, "messages") or [], str(task_id))
+        if answered is not None:
+            update["messages"] = answered
+        return update or None
+
+    def _answer_pending(self, messages: Sequence[Any], task_id: str) -> list[Any] | None:
+        """The thread's messages with an error ToolMessage after each tool call no tool
+        message answers (an earlier run ended between the model's request and the tools'
+        answers: cancelled, a recursion limit, a crash), or None when there is none."""
+        pending = pending_tool_calls(messages)
+        if not pending:
             return None
-        return {STATE_TASK_KEY: new_task_id()}
+        how = self._tasks.ended_how(task_id)
+        reason = f"the run that asked for it ended first ({how})" if how else "the run that asked for it ended first"
+        answers: dict[int, list[ToolMessage]] = {}
+        fmt = self.governor.config.error_format
+        for call in pending:
+            answer = ToolMessage(
+                content=not_run_text(call.name, reason, fmt), tool_call_id=call.id, name=call.name, status="error"
+            )
+            answers.setdefault(call.after, []).append(answer)
+        repaired: list[Any] = [RemoveMessage(id=REMOVE_ALL_MESSAGES)]
+        for i, message in enumerate(messages):
+            repaired.append(message)
+            repaired.extend(answers.get(i, ()))
+        self.governor.emit("pending_calls_answered", count=len(pending), reason=reason)
+        return repaired
 
     def _end_task(self, state: Any, runtime: Any) -> None:
-        if self.governor.current_task() is None:
-            task_id = self._task_id(state, runtime)
-            self._tasks.end(task_id)
-            self._pruners.drop(task_id)
+        scope = self.governor.current_task()
+        if scope is not None:
+            # the caller's own scope: a stop this run deferred is raised here all the same
+            if scope.stop is not None:
+                raise stop_error(scope.stop)
+            return
+        task_id = self._task_id(state, runtime)
+        live = self._tasks.scope(task_id) if task_id in self._tasks else None
+        stop = live.stop if live is not None else None
+        if stop is not None:
+            # a stop in the tool node answered its calls and ended nothing yet: the
+            # run ends here with it (a tool that answers directly leads here)
+            raised = stop_error(stop)
+            self._tasks.end(task_id, raised)
+            raise raised
+        self._tasks.end(task_id)
 
     @staticmethod
     def _thread_id(runtime: Any) -> str | None:
@@ -254,29 +315,48 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         task_id = self._thread_id(runtime) or state_value(state, STATE_TASK_KEY)
         return str(task_id) if task_id else "langgraph-run"
 
+    def _run_info(self, runtime: Any) -> RunInfo:
+        """The run a node belongs to (see _scopes): its stream writer, step and limit."""
+        config = getattr(runtime, "config", None)  # a ToolRuntime's
+        if not isinstance(config, dict):
+            try:
+                config = get_config()
+            except RuntimeError:  # not inside a graph run
+                config = {}
+        step = (config.get("metadata") or {}).get("langgraph_step")
+        limit = config.get("recursion_limit")
+        return RunInfo(
+            getattr(runtime, "stream_writer", None),
+            step if isinstance(step, int) else None,
+            limit if isinstance(limit, int) else None,
+            _checkpoint_of(config),
+        )
+
     @contextlib.contextmanager
-    def _scope(self, state: Any, runtime: Any, *, fatal_only: bool = False) -> Iterator[None]:
-        if self.governor.current_task() is not None:
-            yield
+    def _scope(self, state: Any, runtime: Any, *, fatal_only: bool = False) -> Iterator[lg.TaskScope | None]:
+        if (own := self.governor.current_task()) is not None:
+            yield own
             return
         task_id = self._task_id(state, runtime)
         try:
-            with self._tasks.attached(task_id, lambda: self._thread_id(runtime) or first_request(state)):
-                yield
-        except Exception as exc:
+            with self._tasks.attached(
+                task_id, self._run_info(runtime), lambda: self._thread_id(runtime) or first_request(state)
+            ) as scope:
+                yield scope
+        except BaseException as exc:
             if isinstance(exc, GraphBubbleUp) and not isinstance(exc, lg.FatalError):
+                self._tasks.pause(task_id)
                 raise  # an interrupt pauses the run: the task goes on when it resumes
-            if fatal_only and not isinstance(exc, lg.FatalError):
+            if fatal_only and isinstance(exc, Exception) and not isinstance(exc, lg.FatalError):
                 # A tool-call error may be answered further out (the ToolNode turns a
                 # governed failure into a ToolMessage, a ToolErrorMiddleware formats
                 # one): only a fatal stop surely ends the run.
                 raise
-            # The run is aborting (FatalError, a budget, a model error): after_agent will
-            # not run, so end the task here. Otherwise the thread stays stuck with a spent
-            # budget and runs without a thread_id leak their state. A checkpoint, if any,
-            # was saved; a resume reloads it.
+            # The run is aborting (FatalError, a budget, a model error, a cancellation):
+            # after_agent will not run, so end the task here. Otherwise the thread stays
+            # stuck with a spent budget and runs without a thread_id leak their state. A
+            # checkpoint, if any, was saved; a resume reloads it.
             self._tasks.end(task_id, exc)
-            self._pruners.drop(task_id)
             raise
 
     # -- model calls --------------------------------------------------------------------
@@ -296,10 +376,19 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         return request if governed is request.model else request.override(model=governed)
 
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
-        """The request's tools less the withdrawn ones (the ladder's step before a stop,
-        [`loop_governor.ladder`][loop_governor.ladder]); with none left the model can only answer."""
-        kept = offered_tools(scope, request.tools)
-        return request if kept is None else request.override(tools=kept)
+        """The request as the ladder offers it once tools are withdrawn
+        ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn tools; with every
+        tool withdrawn and tool history in the conversation, the tools stay defined and an
+        OpenAI model is told ``tool_choice="none"``."""
+        offer = tool_offer(scope, request.tools, request.messages)
+        if offer is None:
+            return request
+        if not offer.forbid:
+            return request if len(offer.tools) == len(request.tools) else request.override(tools=offer.tools)
+        provider = self._copies(request.model)[1].split(":", 1)[0]
+        if request.tool_choice is None and provider in _FORBIDS_TOOL_CALLS:
+            return request.override(tool_choice="none")
+        return request  # the tools stay offered; a call of one ends the run (the ladder's last step)
 
     def _model_call(
         self, request: ModelRequest[Any], handler: Callable[..., Any], capture: PromptCapture
@@ -319,6 +408,14 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
             options["describe"] = describe(answered, messages, system, self.record_messages, capture)
         return endpoint, options
 
+    def _fatal_for(self, request: ModelRequest[Any]) -> Callable[[BaseException], bool]:
+        """Whether a chat model's failure is fatal, as the governor will classify it for
+        this request's endpoint (see `langchain_governor._capture`)."""
+        rt = self.governor.rt
+        endpoint = self._copies(request.model)[1]
+        policy = rt.policy("model", endpoint)
+        return lambda exc: rt.classify(exc, endpoint, policy).error_type is lg.ErrorType.FATAL
+
     @staticmethod
     def _compact(request: ModelRequest[Any]) -> ModelRequest[Any] | None:
         """After ``context_length_exceeded``: the same request, compacted as hard as is safe."""
@@ -330,9 +427,10 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Any],
     ) -> Any:
-        with self._scope(request.state, request.runtime):
+        with self._scope(request.state, request.runtime) as scope:
+            _raise_deferred(scope)
             request = self._prepare(request)
-            with capture_prompt(self.record_messages and self.governor.emitting) as capture:
+            with capture_prompt(self.record_messages and self.governor.emitting, self._fatal_for(request)) as capture:
                 endpoint, options = self._model_call(request, handler, capture)
                 try:
                     return self.governor.call_model(endpoint, _model_only(handler, capture), request, **options)
@@ -345,9 +443,10 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[Any]],
     ) -> Any:
-        with self._scope(request.state, request.runtime):
+        with self._scope(request.state, request.runtime) as scope:
+            _raise_deferred(scope)
             request = self._prepare(request)
-            with capture_prompt(self.record_messages and self.governor.emitting) as capture:
+            with capture_prompt(self.record_messages and self.governor.emitting, self._fatal_for(request)) as capture:
                 endpoint, options = self._model_call(request, handler, capture)
                 try:
                     return await self.governor.acall_model(endpoint, _amodel_only(handler, capture), request, **options)
@@ -419,11 +518,16 @@ class _ToolCallGovernor(GovernorMiddleware):
         handler: Callable[[ToolCallRequest], ToolResult],
     ) -> ToolResult:
         with (
-            self._scope(request.state, request.runtime, fatal_only=True),
+            self._scope(request.state, request.runtime, fatal_only=True) as scope,
             self.governor.call_context(tool_call_id=request.tool_call.get("id")),
-            _surfacing(),
         ):
-            return handler(self._governed_request(request))
+            if scope is not None and scope.stop is not None:
+                return self._not_run(request, scope.stop)
+            try:
+                with _surfacing():
+                    return handler(self._governed_request(request))
+            except lg.FatalError as stop:
+                return self._stopped(request, scope, stop)
 
     async def awrap_tool_call(
         self,
@@ -431,8 +535,69 @@ class _ToolCallGovernor(GovernorMiddleware):
         handler: Callable[[ToolCallRequest], Awaitable[ToolResult]],
     ) -> ToolResult:
         with (
-            self._scope(request.state, request.runtime, fatal_only=True),
+            self._scope(request.state, request.runtime, fatal_only=True) as scope,
             self.governor.call_context(tool_call_id=request.tool_call.get("id")),
-            _surfacing(),
         ):
-            return await handler(self._governed_request(request))
+            if scope is not None and scope.stop is not None:
+                return self._not_run(request, scope.stop)
+            try:
+                with _surfacing():
+                    return await handler(self._governed_request(request))
+            except lg.FatalError as stop:
+                return self._stopped(request, scope, stop)
+
+    # A stop in the tool node is not raised there: LangGraph would save the model's tool
+    # calls without their answers, and every later request of the thread would be refused
+    # (OpenAI: "An assistant message with 'tool_calls' must be followed by tool messages
+    # responding to each 'tool_call_id'"). The call that stopped is answered with the stop,
+    # the turn's other calls with "not run", the answers are saved with the tool node, and
+    # the run ends at its next node (the model call, or after_agent) with the stop.
+
+    def _stopped(self, request: ToolCallRequest, scope: lg.TaskScope | None, stop: lg.FatalError) -> ToolMessage:
+        if scope is None:
+            raise stop  # no task: nothing to defer to
+        if scope.stop is None:
+            scope.stop = stop  # a fatal error the governor's own chain did not see
+        call = request.tool_call
+        return ToolMessage(
+            content=stop_text(stop), tool_call_id=call.get("id") or "", name=call.get("name"), status="error"
+        )
+
+    def _not_run(self, request: ToolCallRequest, stop: lg.FatalError) -> ToolMessage:
+        call = request.tool_call
+        reason = f"the run was stopped ({stop.reason})"
+        return ToolMessage(
+            content=not_run_text(call.get("name"), reason, self.governor.config.error_format),
+            tool_call_id=call.get("id") or "",
+            name=call.get("name"),
+            status="error",
+        )
+
+
+def _checkpoint_of(config: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The run's checkpointer and the config of its latest checkpoint (the graph's
+    namespace: a node's own ends in ``|<node>:<task id>``), for a run with a thread."""
+    configurable = config.get("configurable") or {}
+    saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
+    thread = configurable.get("thread_id")
+    if saver is None or thread is None:
+        return None
+    namespace = str(configurable.get("checkpoint_ns") or "")
+    graph_ns = namespace.rsplit("|", 1)[0] if "|" in namespace else ""
+    return saver, {"configurable": {"thread_id": thread, "checkpoint_ns": graph_ns}}
+
+
+def stop_error(stop: lg.FatalError) -> lg.FatalError:
+    """A task's stop as the run raises it: LangGraph's pass-through form of its class
+    (`fatal_stop`), its cause the governor's error."""
+    if isinstance(stop, GovernedFatalError):
+        return stop
+    raised = fatal_stop(stop)
+    raised.__cause__ = stop
+    return raised
+
+
+def _raise_deferred(scope: lg.TaskScope | None) -> None:
+    """Before a model call: a stop the tool node answered ends the run now."""
+    if scope is not None and scope.stop is not None:
+        raise stop_error(scope.stop)

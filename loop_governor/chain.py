@@ -158,6 +158,7 @@ class Chain:
                 if not isinstance(exc, Exception):
                     self._cancelled(call)
                 raise
+            call.fn = _spent  # done: guards that keep the call must not keep what it closed over
             for moment in plan.after_success:
                 result = moment(call, result)
             return result
@@ -185,6 +186,7 @@ class Chain:
                 if not isinstance(exc, Exception):
                     self._cancelled(call)
                 raise
+            call.fn = _spent  # done: guards that keep the call must not keep what it closed over
             for moment in plan.after_success:
                 result = moment(call, result)
             return result
@@ -453,12 +455,20 @@ class Chain:
         return True
 
     def _close_failed(self, plan: Plan, call: Call, error: AgentToolError) -> AgentToolError:
+        # done: the guards that remember the call must not keep the framework objects its
+        # function closed over (a LangGraph run's config, so the run itself, for the task)
+        call.fn = _spent
         for moment in plan.after_failure:
             error = moment(call, error)
         fmt = self.rt.config.error_format
         if fmt != "text":
             error.info = error.info.rendered(fmt)  # what the model reads, as configured
         return error
+
+
+def _spent(*_args: Any, **_kwargs: Any) -> Any:
+    """A finished call's function: what it closed over is let go (see ``_close_failed``)."""
+    raise RuntimeError("this governed call is over")
 
 
 def _answer_tokens(result: Any) -> int:

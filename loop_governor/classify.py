@@ -1046,3 +1046,18 @@ def classify(
         return ErrorInfo(
             unknown_type, unknown_type is ErrorType.TRANSIENT, signature=f"{tool or '-'}:{name}:", exception_type=name
         )
+
+
+def retried_by_class(exc: BaseException) -> bool:
+    """Whether ``exc``'s *class* is one that client code retries by class -- a rate limit,
+    a timeout, a lost connection, a server error (``except openai.RateLimitError: retry``,
+    LangChain's ``ModelError.is_retryable``) -- whatever this instance means: an exhausted
+    quota is an ``openai.RateLimitError`` too. A governor stop must never be an instance
+    of such a class, or that code retries a run that was stopped on purpose."""
+    if getattr(exc, "is_retryable", None) is True:
+        return True
+    status = _guarded(_status_of, exc, None)
+    if status is not None and (status in (408, 409, 425, 429) or status >= 500):
+        return True
+    kind = _guarded(_type_kind, exc, None)
+    return (kind is not None and kind[0] is _T) or _guarded(_throttle_type, exc, False)

@@ -6,22 +6,38 @@ answers from memory without calling the tool, then *withdraws* the tool from the
 for the rest of the task, and only then ends the run -- when the model persists (it calls
 the withdrawn tool anyway).
 
-Withdrawal is a task fact the adapters act on where the framework allows it: LangChain's
-``GovernorMiddleware`` drops the tool from the model request's tool list, crewAI's
-governed LLM from the tool schemas it sends. Where nothing can hide the tool (a plain
-``g.call``), the model reads that the tool is withdrawn and that calling it again ends the
-task. Every withdrawal is a ``tool_withdrawn`` event (and so a span and a log line).
+A withdrawal is a task fact, with a lifecycle:
+
+* it starts with a ``tool_withdrawn`` event (a span and a log line) and a note in the
+  result the model reads;
+* it ends when the cause may be gone: a withdrawal while the tool is unavailable (an
+  outage, an open breaker, a rate limit) when that time is up; a withdrawal for
+  repeating when *another* tool that may change state succeeds (the agent pressed the
+  brake, logged in, edited the file: the withdrawn call may work now). Either way a
+  ``tool_restored`` event, and after a state change the result of the tool that made it
+  tells the model the tool is back;
+* what the model is offered meanwhile is the adapters' to apply, through
+  `tool_offer`: the tools that are not withdrawn; but never a request with tool
+  history and no tools (Anthropic and Bedrock refuse it): with every tool withdrawn the
+  tools array stays as it is -- the first block of every provider's prompt cache -- and
+  the adapter forbids tool calls the provider's own way (``tool_choice="none"``) where
+  it has one. crewAI's text (ReAct) prompts lose the tool's description where the
+  adapter can edit them; where it cannot it says so (`keep_listed`) and a call of
+  the tool is refused, never a stop -- the model was following its prompt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from loop_governor.call import TOOL, Call, Policy, Resumed
+from loop_governor.conversation import uses_tools
 from loop_governor.errors import (
     AgentToolError,
     ErrorType,
+    FatalError,
     GovernedError,
     NoProgressError,
     PermanentError,
@@ -29,6 +45,10 @@ from loop_governor.errors import (
 )
 
 _T = TypeVar("_T")
+
+# A task's withdrawn tool: (the stop's code, the model decision it was withdrawn in, the
+# clock time an availability withdrawal ends or None, whether a state change lifts it).
+Withdrawal = tuple[str, int | None, float | None, bool]
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -63,15 +83,21 @@ def withdraw(
     assert scope is not None
     names = [call.name, *sorted(set(tools) - {call.name})]
     until = None if for_s is None else rt.clock() + max(1.0, for_s)
+    # A withdrawal for repeating lifts when another tool changes state -- unless the
+    # repeats already came after such changes: the fixes were tried, and did not help.
+    liftable = {n: for_s is None and scope.streaks.get(n, scope.world) == scope.world for n in names}
     for name in names:
-        scope.withdrawn[name] = (code, scope.decision, until)
+        scope.withdrawn[name] = (code, scope.decision, until, liftable[name])
         rt.events.emit("tool_withdrawn", tool=name, code=code, reason=why, for_s=for_s, message=message)
     listed = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + f" and {names[-1]}"
     verb, them = ("is", "it") if len(names) == 1 else ("are", "them")
     if for_s is None:
+        unless = ""
+        if all(liftable.values()):
+            unless = f", unless another tool changes something {them} depend{'s' if len(names) == 1 else ''} on"
         return (
-            f"{listed} {verb} now withdrawn from your tools for the rest of this task ({why}); use another "
-            f"tool or give your final answer. Calling {them} again ends the task."
+            f"{listed} {verb} now withdrawn for the rest of this task ({why}){unless}; use another tool or give "
+            f"your final answer. Calling {them} again ends the task."
         )
     return (
         f"{listed} {verb} now withdrawn from your tools for the next {max(1, round(for_s))}s ({why}); use "
@@ -79,13 +105,21 @@ def withdraw(
     )
 
 
+def _restore(rt: Runtime, scope: TaskScope, name: str, **why: Any) -> Withdrawal | None:
+    """Take ``name``'s withdrawal back (a ``tool_restored`` event); its entry, if it had one."""
+    entry = scope.withdrawn.pop(name, None)
+    scope.listed.discard(name)
+    if entry is not None:
+        rt.events.emit("tool_restored", tool=name, code=entry[0], **why)
+    return entry
+
+
 def _lapsed(rt: Runtime, scope: TaskScope, name: str) -> bool:
     """Whether ``name``'s withdrawal for an outage is over (then it is taken back)."""
     entry = scope.withdrawn.get(name)
     if entry is None or entry[2] is None or rt.clock() < entry[2]:
         return False
-    scope.withdrawn.pop(name, None)
-    rt.events.emit("tool_restored", tool=name, code=entry[0])
+    _restore(rt, scope, name, reason="time")
     return True
 
 
@@ -111,10 +145,8 @@ def _stop(scope: TaskScope, tool: str, code: str, message: str) -> NoProgressErr
 
 
 def offered(scope: TaskScope, names: Sequence[str]) -> list[bool]:
-    """For adapters, before a model request: which of the request's tools (by name) the
-    model is still offered (a tool withdrawn for an outage comes back when it may be up).
-    With every tool withdrawn the request goes out with none, so the model gives its final
-    answer; a tool call it makes anyway ends the run."""
+    """Which of a model request's tools (by name) the model may still call (a tool
+    withdrawn for an outage comes back when it may be up)."""
     rt, withdrawn = scope.governor.rt, scope.withdrawn
     return [name not in withdrawn or _lapsed(rt, scope, name) for name in names]
 
@@ -129,15 +161,60 @@ def tool_name(tool: Any) -> str:
     return str(getattr(tool, "name", ""))
 
 
-def offered_tools(scope: TaskScope, tools: Sequence[_T]) -> list[_T] | None:
-    """For adapters: a model request's ``tools`` less the withdrawn ones, or None when
-    none of them is withdrawn (the request goes out as it is)."""
+@dataclass(frozen=True, slots=True)
+class Offer(Generic[_T]):
+    """What a model request offers once some of its tools are withdrawn.
+
+    ``tools``: the tools array to send: without the withdrawn tools (possibly empty, in a
+    conversation without tool history: then send none), or, when every tool is withdrawn
+    and the conversation holds tool history, unchanged (Anthropic and Bedrock refuse tool
+    history without tools). ``forbid``: that last case -- the adapter forbids tool calls
+    where the provider lets it (``tool_choice="none"``); a call the model makes anyway
+    ends the run."""
+
+    tools: list[_T]
+    forbid: bool
+
+
+def tool_offer(scope: TaskScope, tools: Sequence[_T], messages: Sequence[Any]) -> Offer[_T] | None:
+    """For adapters, before a model request: what to offer (see `Offer`), or None
+    when none of the request's tools is withdrawn (the request goes out as it is).
+
+    A withdrawn tool is left out while others remain: the model cannot call what it is
+    not offered, the ladder's strongest step short of a stop (``loop-governor bench
+    --runs 1``, the stubborn model policy: 4 of 38 tasks failed with the tool left out, 11
+    of 38 with it kept and its calls ending the run), at the price of one prompt-cache
+    miss per withdrawal. Providers that check tool history want tools *defined*, any of them
+    (Bedrock accepts a placeholder; see tests/lg_openai_server.py): never none, so when
+    every tool of a request with tool history is withdrawn the array stays as it is and
+    the adapter forbids tool calls where the provider can."""
     keep = offered(scope, [tool_name(t) for t in tools])
-    return None if all(keep) else [t for t, kept in zip(tools, keep, strict=True) if kept]
+    if all(keep):
+        return None
+    if not any(keep) and uses_tools(messages):
+        return Offer(list(tools), forbid=True)
+    return Offer([t for t, kept in zip(tools, keep, strict=True) if kept], forbid=False)
+
+
+def keep_listed(scope: TaskScope, names: Iterable[str]) -> None:
+    """For adapters that cannot take withdrawn tools out of what the model reads (a text
+    prompt they could not edit): those tools stay listed, so calling one is refused --
+    told plainly -- and never ends the run."""
+    scope.listed.update(names)
+
+
+def _stopped_again(stop: FatalError) -> FatalError:
+    """The stop that already ended the task, as the outcome of a call made after it (a
+    parallel call of the same turn): a copy, reported once already."""
+    again = type(stop)(stop.info, partial_results=stop.partial_results)
+    again._lg_stop_reported = True  # type: ignore[attr-defined]
+    return again
 
 
 class Withdrawn(Policy):
-    """Ends the run when the model calls a tool it was told is withdrawn."""
+    """Ends the run when the model calls a tool it was told is withdrawn; takes a
+    withdrawal for repeating back when another tool may have changed the world. A task
+    that was stopped runs no further tool call."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
@@ -147,13 +224,33 @@ class Withdrawn(Policy):
 
     def before(self, call: Call) -> Resumed | None:
         scope = call.scope
-        if scope is None or not scope.withdrawn:
+        if scope is None:
+            return None
+        if scope.stop is not None:
+            call.stop_reason = "stopped"
+            raise _stopped_again(scope.stop)
+        if not scope.withdrawn:
             return None
         entry = scope.withdrawn.get(call.name)
         if entry is None or _lapsed(self.rt, scope, call.name):
             return None
-        code, decision, until = entry
+        code, decision, until, _ = entry
         call.stop_reason = "withdrawn"
+        if call.name in scope.listed:
+            # the adapter could not take the tool out of the model's prompt: the model is
+            # following its instructions, so the call is refused and the run goes on
+            raise PermanentError(
+                GovernedError(
+                    error_type=ErrorType.PERMANENT,
+                    tool=call.name,
+                    code="withdrawn",
+                    message=f"{call.name} is withdrawn for this task; it is still listed in your instructions "
+                    "only because they could not be changed",
+                    signature=f"{call.name}:Withdrawn:listed",
+                    attempts=0,
+                    advice=f"do not call {call.name}: it will not run; use another tool or give your final answer",
+                )
+            )
         if until is not None:
             # withdrawn while the tool is unavailable (an outage, an open breaker, a rate
             # limit): a call before it may be back is refused, never a stop -- the service
@@ -195,3 +292,41 @@ class Withdrawn(Policy):
         if code in _IDENTICAL:
             message += f"; if {call.name} is a status poll, declare it with ToolPolicy(poll=True)"
         raise _stop(scope, call.name, code, message)
+
+    def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
+        scope = call.scope
+        if scope is not None and call.name not in scope.streaks:
+            scope.streaks[call.name] = scope.world  # the world its failures began in
+        return error
+
+    def after_success(self, call: Call, result: Any) -> Any:
+        scope = call.scope
+        if scope is None:
+            return result
+        if scope.streaks:
+            scope.streaks.pop(call.name, None)
+        if not scope.withdrawn or call.policy.read_only:
+            return result
+        # Another tool that may change state succeeded: what a tool withdrawn for
+        # repeating kept getting may be different now (the precondition it named was
+        # fixed), so it is offered again -- from a later model decision than its
+        # withdrawal (a parallel call of that same turn is no fix the model chose).
+        decision = scope.decision
+        back = [
+            name
+            for name, (_, when, _until, liftable) in list(scope.withdrawn.items())
+            if name != call.name and liftable and (decision is None or when != decision)
+        ]
+        for name in back:
+            _restore(self.rt, scope, name, reason="world_changed", by=call.name)
+        if not back:
+            return result
+        from loop_governor.progress import annotate  # (progress builds on this module)
+
+        listed = " and ".join(back) if len(back) < 3 else ", ".join(back[:-1]) + f" and {back[-1]}"
+        verb = "is" if len(back) == 1 else "are"
+        return annotate(
+            result,
+            f"[loop-governor] {listed} {verb} offered again: {call.name} may have changed what "
+            f"{'it depends' if len(back) == 1 else 'they depend'} on.",
+        )

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from loop_governor.checkpoint import TaskCheckpoint
     from loop_governor.governor import Governor
 
-__all__ = ["PARTIAL_RESULTS_MAX", "PARTIAL_RESULT_CHARS", "TaskScope", "call_key"]
+__all__ = ["PARTIAL_RESULTS_MAX", "PARTIAL_RESULT_CHARS", "RunAbandoned", "TaskScope", "call_key"]
 
 PARTIAL_RESULTS_MAX = 20  # the latest successful tool results a stop hands back
 PARTIAL_RESULT_CHARS = 2000  # each cut to this many characters (redacted)
@@ -57,6 +57,13 @@ def readable_name(text: str, limit: int = NAME_CHARS) -> str:
 FINISHED_KEY = "finished_at"  # checkpoint metadata: when the task completed
 
 
+class RunAbandoned(BaseException):
+    """How an adapter ends a task whose run ended without telling it how (LangGraph's
+    stream left unread, a crewAI kickoff cancelled between its hooks): ``task_end`` says
+    ``abandoned``, with this text as the reason. A BaseException, as a cancellation; never
+    raised, only handed to `TaskScope.__exit__`."""
+
+
 class TaskScope:
     """Per-task counters; the durable per-task state (budget, known-bad) is in the store.
 
@@ -82,6 +89,7 @@ class TaskScope:
         "governor",
         "known_bad",
         "last_invocation",
+        "listed",
         "model_calls",
         "movers",
         "name",
@@ -94,6 +102,7 @@ class TaskScope:
         "started_at",
         "steps",
         "stop",
+        "streaks",
         "task_id",
         "tokens",
         "told",
@@ -139,7 +148,13 @@ class TaskScope:
         # tools withdrawn from the model for the rest of the task -> why (the step of the
         # escalation ladder before the stop: the next call of one ends the run)
         # tool -> (stop code, decision, until: the clock time an outage's withdrawal ends, or None)
-        self.withdrawn: dict[str, tuple[str, int | None, float | None]] = {}
+        # (ladder.Withdrawal: code, decision, until, whether another tool's state change lifts it)
+        self.withdrawn: dict[str, tuple[str, int | None, float | None, bool]] = {}
+        # tool -> the world its failures since its last success began in (ladder)
+        self.streaks: dict[str, int] = {}
+        # withdrawn tools an adapter could not take out of the model's prompt (a text
+        # prompt it could not edit): a call of one is refused, never a stop (ladder)
+        self.listed: set[str] = set()
         self.known_bad = 0
         self.results: list[Any] = []
         self.results_saved = 0  # how many of ``results`` the checkpoint store already has
@@ -207,9 +222,12 @@ class TaskScope:
 
     def outcome(self, exc: BaseException | None = None) -> dict[str, Any]:
         """How the task ended, for ``task_end``: ``outcome`` is ``completed``, ``stopped``
-        (a [`FatalError`][loop_governor.errors.FatalError]: the governor or a fatal failure ended it) or ``failed``
-        (another exception left the task), with the error's class, code and redacted
-        reason."""
+        (a [`FatalError`][loop_governor.errors.FatalError]: the governor or a fatal failure ended it), ``failed``
+        (another exception left the task), ``cancelled`` (a ``CancelledError``, a
+        ``KeyboardInterrupt``, a closed generator: the run was ended from outside) or
+        ``abandoned`` (an adapter saw the run end without learning how:
+        `RunAbandoned`), with the error's class, code and
+        redacted reason."""
         from loop_governor.checkpointing import stop_fields
 
         stop: BaseException | None = self.stop
@@ -219,8 +237,10 @@ class TaskScope:
             return {"outcome": "stopped", **stop_fields(stop)}
         if exc is not None and isinstance(exc, Exception):
             return {"outcome": "failed", **stop_fields(exc)}
-        if exc is not None:  # cancelled, interrupted
-            return {"outcome": "failed", "error_class": type(exc).__name__, "code": None, "reason": "cancelled"}
+        if exc is not None:  # cancelled, interrupted; or, from an adapter, a run that ended unseen
+            reason = redact(str(exc))[:500] or "cancelled"
+            outcome = "abandoned" if isinstance(exc, RunAbandoned) else "cancelled"
+            return {"outcome": outcome, "error_class": type(exc).__name__, "code": None, "reason": reason}
         return {"outcome": "completed"}
 
     def partial_results(self) -> list[Any]:
@@ -244,7 +264,12 @@ class TaskScope:
             gov.update_checkpoint(self, lambda cp: cp.metadata.__setitem__(FINISHED_KEY, finished_at))
         gov.emit("task_end", steps=self.steps, tool_calls=self.tool_calls, model_calls=self.model_calls, **outcome)
         if self._token is not None:
-            _SCOPE.reset(self._token)
+            try:
+                _SCOPE.reset(self._token)
+            except ValueError:
+                # ended from another context than it was entered in (an adapter ending
+                # the task of a run it saw end elsewhere): that context is done with it
+                pass
             self._token = None
         gov.store.end_task(self.task_id)
 

@@ -36,6 +36,14 @@ What it does
   (by request number), :meth:`~OpenAIServer.fail_when_prompt_over` (prompt above N tokens),
   :meth:`~OpenAIServer.limit_rate` (a token bucket answering 429 with the wait), or
   :meth:`~OpenAIServer.add_rule`. Rules are tried in the order added; the first that fires wins.
+* Providers' history rules on demand (``OpenAIServer(history_rules=...)``, or
+  :attr:`~OpenAIServer.history_rules` set later), checked before any fault or script: see
+  :func:`history_violation`. ``"openai"``: an assistant message's ``tool_calls`` must be
+  followed by tool messages answering each id, and a tool message must answer a call of the
+  assistant message before it (400 ``invalid_request_error``, OpenAI's wording).
+  ``"anthropic"`` and ``"bedrock"``: the same, and a request whose messages hold tool calls or
+  results must define ``tools`` (Anthropic's and Bedrock's 400 wording). A refused request is
+  recorded with outcome ``history_rejected``.
 * Every request is recorded (:class:`RecordedRequest`: number, path, lower-cased headers with
   the API key masked, parsed body, ``time.monotonic()`` arrival, response status and outcome,
   prompt/cached token figures), for assertions such as "exactly one request reached the
@@ -306,6 +314,95 @@ def _bad_request(message: str, code: str | None, param: str | None = None) -> Fa
     return Fault("bad_request", 400, _oa_error(message, "invalid_request_error", code, param))
 
 
+# =============================================================================== history rules
+#
+# What the providers check in a conversation before they read it (requests they answer 400):
+#
+# * OpenAI Chat Completions: "An assistant message with 'tool_calls' must be followed by tool
+#   messages responding to each 'tool_call_id'. The following tool_call_ids did not have
+#   response messages: ..." (param ``messages.[i].role``), and "Invalid parameter: messages
+#   with role 'tool' must be a response to a preceeding message with 'tool_calls'." A tool
+#   history sent without ``tools`` is accepted (issue 33, measured against the API).
+#   Reports of the first message: github.com/agno-agi/agno/issues/3105,
+#   github.com/langchain-ai/open_deep_research/issues/164, github.com/BerriAI/litellm/issues/10083.
+# * Anthropic Messages: "messages.N: `tool_use` ids were found without `tool_result` blocks
+#   immediately after: ... Each `tool_use` block must have a corresponding `tool_result` block
+#   in the next message." (github.com/anthropics/claude-code/issues/3512), and "Requests which
+#   include `tool_use` or `tool_result` blocks must define tools." Its ``tool_choice`` has a
+#   ``{"type": "none"}`` form that forbids tool calls with the tools still defined.
+# * Bedrock Converse: "The toolConfig field must be defined when using toolUse and toolResult
+#   content blocks." (ValidationException; github.com/aws-samples/bedrock-access-gateway/pull/239,
+#   github.com/langgenius/dify/issues/17545); its ``toolChoice`` is ``auto``/``any``/``tool`` only,
+#   no "none" (docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_ToolChoice.html).
+#
+# The server speaks OpenAI's wire format in every mode; the modes add the other providers'
+# rules, so a request shape a client would send to them can be checked here.
+
+HISTORY_RULES = ("openai", "anthropic", "bedrock")
+
+
+def history_violation(body: Mapping[str, Any], rules: str) -> Fault | None:
+    """The 400 a provider with ``rules`` answers to this request's history, or None."""
+    messages = [m for m in body.get("messages") or () if isinstance(m, dict)]
+    waiting: list[str] = []  # tool_call ids of the last assistant message not answered yet
+    waiting_at = -1
+    has_tool_blocks = False
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role == "tool":
+            has_tool_blocks = True
+            call_id = m.get("tool_call_id")
+            if waiting_at < 0 or call_id not in waiting:
+                message = (
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+                    "message with 'tool_calls'."
+                )
+                return Fault(
+                    "history_rejected", 400, _oa_error(message, "invalid_request_error", None, f"messages.[{i}].role")
+                )
+            waiting.remove(call_id)
+            continue
+        if waiting:
+            return _unanswered(rules, waiting_at, waiting)
+        waiting_at = -1
+        calls = [c for c in m.get("tool_calls") or () if isinstance(c, dict)] if role == "assistant" else []
+        if calls:
+            has_tool_blocks = True
+            waiting, waiting_at = [str(c.get("id")) for c in calls], i
+    if waiting:
+        return _unanswered(rules, waiting_at, waiting)
+    if rules != "openai" and has_tool_blocks and not body.get("tools"):
+        if rules == "bedrock":
+            message = "The toolConfig field must be defined when using toolUse and toolResult content blocks."
+            return Fault("history_rejected", 400, {"message": message, "__type": "ValidationException"})
+        message = "Requests which include `tool_use` or `tool_result` blocks must define tools."
+        return Fault("history_rejected", 400, _anthropic_error(message))
+    return None
+
+
+def _anthropic_error(message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+
+
+def _unanswered(rules: str, index: int, ids: Sequence[str]) -> Fault:
+    if rules == "openai":
+        message = (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(ids)}"
+        )
+        return Fault(
+            "history_rejected", 400, _oa_error(message, "invalid_request_error", None, f"messages.[{index}].role")
+        )
+    if rules == "bedrock":
+        message = f"Expected toolResult blocks at messages.{index + 1}.content for the following Ids: {', '.join(ids)}"
+        return Fault("history_rejected", 400, {"message": message, "__type": "ValidationException"})
+    message = (
+        f"messages.{index}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+        f"{', '.join(ids)}. Each `tool_use` block must have a corresponding `tool_result` block in the next message."
+    )
+    return Fault("history_rejected", 400, _anthropic_error(message))
+
+
 # =============================================================================== requests
 
 
@@ -498,7 +595,11 @@ class OpenAIServer:
         cache_min_tokens: int = CACHE_MIN_TOKENS,
         cache_step_tokens: int = CACHE_STEP_TOKENS,
         stream_piece_chars: int = 12,
+        history_rules: str | None = None,
     ) -> None:
+        if history_rules is not None and history_rules not in HISTORY_RULES:
+            raise ValueError(f"history_rules must be one of {HISTORY_RULES} or None, not {history_rules!r}")
+        self.history_rules = history_rules
         self.cache_min_tokens = cache_min_tokens
         self.cache_step_tokens = cache_step_tokens
         self.stream_piece_chars = stream_piece_chars
@@ -680,6 +781,10 @@ class OpenAIServer:
             )
         if not request.messages:
             return _bad_request("Missing required parameter: 'messages'.", "missing_required_parameter", "messages")
+        if self.history_rules is not None:
+            rejected = history_violation(request.body, self.history_rules)
+            if rejected is not None:
+                return rejected
         with self._lock:
             for rule in self._rules:
                 if rule.remaining == 0:

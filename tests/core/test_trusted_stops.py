@@ -193,7 +193,7 @@ def test_parallel_calls_of_one_turn_are_one_decision(clock: VirtualClock) -> Non
 
 
 def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
-    gov = governor(clock)
+    gov = governor(clock, search=lg.ToolPolicy(read_only=True))  # a lookup fixes nothing
     withdrawn = events_of(gov, "tool_withdrawn")
     backend = Backend(forever=HTTPError(404, "document 42 not found"))
     advice = []
@@ -204,6 +204,7 @@ def test_the_ladder_withdraws_before_it_stops(clock: VirtualClock) -> None:
                 gov.call("fetch_doc", backend, 42)
             advice.append(err.value.info.advice or "")
         assert gov.call("search", lambda q: "3 hits", "x") == "3 hits"  # other tools still work
+        assert "fetch_doc" in scope.withdrawn  # a read-only lookup changes nothing it depends on
         # an adapter asks what is left before the next model call
         assert offered(scope, ["fetch_doc", "search"]) == [False, True]
         with pytest.raises(lg.NoProgressError) as persisted:

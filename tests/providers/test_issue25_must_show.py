@@ -108,10 +108,10 @@ def test_langchain_run_stopped_on_an_exhausted_quota_says_so_everywhere(
     assert openai_server.count() == 2
     # the governor's stop is what propagates; the provider's error is its cause
     assert isinstance(stop.__cause__, openai.RateLimitError)
-    assert isinstance(stop, openai.RateLimitError)  # except openai.RateLimitError keeps matching
-    # named for what it is, never like the provider's (or a builtin) class
-    # a traceback reads the qualified name; __name__ stays the provider's, as framework formatters print it
-    assert type(stop).__qualname__ == f"Governed{type(stop.__cause__).__name__}"
+    # never the provider's retryable class: an application's `except RateLimitError: retry`
+    # must not retry a run stopped on an exhausted quota (issue 33)
+    assert not isinstance(stop, openai.RateLimitError)
+    assert type(stop).__qualname__ == "GovernedFatalError"
     last_line = traceback.format_exception(stop)[-1]
     assert STOP in last_line
     _assert_the_stop_is_visible(gov, events, caplog, stop)

@@ -176,6 +176,16 @@ def retry_takes_unit(call: Call) -> bool:
     return call.scope is not None and call.pending is None and not call.waits_out_throttle
 
 
+def retry_budget_spent(rt: Runtime, call: Call) -> bool:
+    """Whether the retry ``call`` is about to make would take a unit of the task's retry
+    budget that is gone: what `RetryBudget` refuses, asked ahead (the breaker asks before
+    a waiting retry takes the half-open probe)."""
+    scope = call.scope
+    if scope is None or not retry_takes_unit(call):
+        return False
+    return rt.store.budget_used(scope.task_id) >= rt.config.task_retry_budget
+
+
 class RetryBudget(AttemptPolicy):
     """The task's retry budget: each retry takes one unit, shared by all of the task's calls."""
 

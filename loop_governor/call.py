@@ -32,11 +32,11 @@ from loop_governor.keys import call_key
 from loop_governor.scope_vars import _CALL_META
 
 if TYPE_CHECKING:
-    from loop_governor.breaker import Admission
     from loop_governor.classify import ErrorInfo
     from loop_governor.config import ResolvedPolicy
     from loop_governor.errors import AgentToolError
     from loop_governor.scope import TaskScope
+    from loop_governor.state.breaker import Admission
     from loop_governor.usage import Usage
 
 TOOL = "tool"

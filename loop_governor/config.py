@@ -25,8 +25,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from loop_governor.breaker import BreakerPolicy
 from loop_governor.errors import ErrorFormat
+from loop_governor.state.breaker import BreakerPolicy
 
 ErrorClass = Literal["transient", "permanent", "fatal"]
 

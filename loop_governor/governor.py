@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from loop_governor import budget, checkpointing, report
-from loop_governor.breaker import ADMIT, Admission, Breaker, BreakerPolicy, BreakerState
+from loop_governor.breaker import Breaker
 from loop_governor.call import MODEL, TOOL, Call, ModelOptions, PassThrough
 from loop_governor.chain import Chain
 from loop_governor.checkpointing import Checkpointing, RunStop
@@ -46,6 +46,7 @@ from loop_governor.report import Failures, Report
 from loop_governor.runtime import Runtime
 from loop_governor.scope import TaskScope, call_key
 from loop_governor.scope_vars import _SCOPE
+from loop_governor.state.breaker import ADMIT, Admission, BreakerPolicy, BreakerState
 from loop_governor.stores import Store, store_from_url
 from loop_governor.usage import Usage
 

@@ -22,9 +22,9 @@ from loop_governor.errors import (
 )
 
 if TYPE_CHECKING:
-    from loop_governor.breaker import Admission
     from loop_governor.call import Call
     from loop_governor.classify import ErrorInfo
+    from loop_governor.state.breaker import Admission
 
 _FATAL_ADVICE = "the run cannot continue: credentials, billing or quota must be fixed by an operator"
 

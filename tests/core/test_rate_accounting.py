@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lg_testing import VirtualClock
 
 import loop_governor as lg
-from loop_governor.ratelimit import take_all
+from loop_governor.state.bucket import take_all
 
 
 def answer(_prompt: object) -> dict[str, object]:

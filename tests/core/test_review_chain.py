@@ -8,7 +8,7 @@ import pytest
 from lg_testing import Backend, HTTPError, VirtualClock
 
 import loop_governor as lg
-from loop_governor.breaker import BreakerState
+from loop_governor.state.breaker import BreakerState
 
 
 def _rated_breaker_governor(clock: VirtualClock) -> lg.Governor:

@@ -34,10 +34,10 @@ from pydantic import PrivateAttr
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
 from crewai_governor.failures import context_overflow, model_stop
-from loop_governor.compaction import is_context_overflow
 from loop_governor.context.compact import emergency_compact
 from loop_governor.context.tokens import approx_tokens
-from loop_governor.ladder import tool_offer
+from loop_governor.policies.compaction import is_context_overflow
+from loop_governor.policies.ladder import tool_offer
 from loop_governor.usage import Usage
 
 __all__ = ["endpoint_of", "govern_llm", "governor_of_llm", "is_governed_llm"]

@@ -73,7 +73,7 @@ from loop_governor.call import PassThrough
 from loop_governor.config import check_pruner
 from loop_governor.context.compact import emergency_compact
 from loop_governor.conversation import not_run_text, pending_tool_calls, stop_text
-from loop_governor.ladder import tool_offer
+from loop_governor.policies.ladder import tool_offer
 
 
 class GovernorState(AgentState[Any]):

@@ -22,27 +22,27 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from loop_governor import budget, checkpointing, report
-from loop_governor.breaker import Breaker
 from loop_governor.call import MODEL, TOOL, Call, ModelOptions, PassThrough
 from loop_governor.chain import Chain
-from loop_governor.checkpointing import Checkpointing, RunStop
 from loop_governor.classify import ErrorInfo, Rule
-from loop_governor.compaction import Compaction
 from loop_governor.config import GovernorConfig, ResolvedPolicy
-from loop_governor.cycles import Cycles
 from loop_governor.errors import AgentToolError, CircuitOpenError, FatalError, GovernedError
-from loop_governor.escalation import Escalation
 from loop_governor.events import Subscriber, call_context
-from loop_governor.known_bad import KnownBad, World
-from loop_governor.ladder import Withdrawn
 from loop_governor.outcome import circuit_open
-from loop_governor.polls import Polls
-from loop_governor.progress import NoProgress
-from loop_governor.ratelimit import RateLimit
+from loop_governor.policies import budget, checkpointing, report
+from loop_governor.policies.breaker import Breaker
+from loop_governor.policies.checkpointing import Checkpointing, RunStop
+from loop_governor.policies.compaction import Compaction
+from loop_governor.policies.cycles import Cycles
+from loop_governor.policies.escalation import Escalation
+from loop_governor.policies.known_bad import KnownBad, World
+from loop_governor.policies.ladder import Withdrawn
+from loop_governor.policies.polls import Polls
+from loop_governor.policies.progress import NoProgress
+from loop_governor.policies.ratelimit import RateLimit
+from loop_governor.policies.repeats import RepeatedErrors
+from loop_governor.policies.report import Failures, Report
 from loop_governor.redaction import mask_url
-from loop_governor.repeats import RepeatedErrors
-from loop_governor.report import Failures, Report
 from loop_governor.runtime import Runtime
 from loop_governor.scope import TaskScope, call_key
 from loop_governor.scope_vars import _SCOPE

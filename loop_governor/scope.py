@@ -16,9 +16,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.errors import FatalError
-from loop_governor.fixes import MOVERS_KEPT
 from loop_governor.keys import call_key
-from loop_governor.progress import ProgressGuard
+from loop_governor.policies.fixes import MOVERS_KEPT
+from loop_governor.policies.progress import ProgressGuard
 from loop_governor.redaction import redact, redact_value
 from loop_governor.scope_vars import _SCOPE
 
@@ -228,7 +228,7 @@ class TaskScope:
         ``abandoned`` (an adapter saw the run end without learning how:
         `RunAbandoned`), with the error's class, code and
         redacted reason."""
-        from loop_governor.checkpointing import stop_fields
+        from loop_governor.policies.checkpointing import stop_fields
 
         stop: BaseException | None = self.stop
         if stop is None and isinstance(exc, FatalError):

@@ -91,7 +91,7 @@ def _simulate(arrivals: list[float], rate: float) -> list[int]:
     import heapq
 
     from loop_governor.call import TOOL, Call
-    from loop_governor.ratelimit import RateLimit
+    from loop_governor.policies.ratelimit import RateLimit
 
     clock = VirtualClock(0.0)
     config = lg.GovernorConfig(tools={"api": lg.ToolPolicy(rate_limit_per_s=rate, rate_burst=1, max_wait_s=1e9)})

@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from loop_governor.call import TOOL, Call, Policy, Resumed
-from loop_governor.checkpointing import update_checkpoint
 from loop_governor.errors import AgentToolError, ErrorType, GovernedError, error_from_info
+from loop_governor.policies.checkpointing import update_checkpoint
 from loop_governor.runtime import Runtime
 
 

@@ -38,7 +38,7 @@ import xxhash
 
 from loop_governor.call import Call, Policy
 from loop_governor.errors import AgentToolError, ErrorType, LoopDetectedError
-from loop_governor.fixes import fixed_since
+from loop_governor.policies.fixes import fixed_since
 from loop_governor.runtime import Runtime
 
 

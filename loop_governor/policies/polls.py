@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from loop_governor.call import TOOL, Call, Policy, Resumed
 from loop_governor.errors import ErrorType, GovernedError, PermanentError
 from loop_governor.fingerprint import args_job
-from loop_governor.ladder import withdraw
-from loop_governor.progress import annotate
+from loop_governor.policies.ladder import withdraw
+from loop_governor.policies.progress import annotate
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import AgentToolError, CircuitOpenError, ErrorType, FatalError, LoopDetectedError
-from loop_governor.fixes import fixed_since
-from loop_governor.ladder import withdrawn_error
-from loop_governor.progress import withdraws_text
-from loop_governor.repeats import failure_key
+from loop_governor.policies.fixes import fixed_since
+from loop_governor.policies.ladder import withdrawn_error
+from loop_governor.policies.progress import withdraws_text
+from loop_governor.policies.repeats import failure_key
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime

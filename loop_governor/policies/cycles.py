@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import AgentToolError, FatalError
 from loop_governor.fingerprint import Fingerprint, walks
-from loop_governor.ladder import withdraw, withdraw_at
-from loop_governor.progress import OK, Verdict, annotate, withdraws_text
+from loop_governor.policies.ladder import withdraw, withdraw_at
+from loop_governor.policies.progress import OK, Verdict, annotate, withdraws_text
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime

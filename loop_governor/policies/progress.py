@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.fingerprint import Fingerprint, content_values, echoes, result_text, walks
-from loop_governor.fixes import fixed_since
-from loop_governor.ladder import withdraw, withdraw_at
+from loop_governor.policies.fixes import fixed_since
+from loop_governor.policies.ladder import withdraw, withdraw_at
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime

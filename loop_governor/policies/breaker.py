@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from loop_governor.budget import retry_budget_spent
 from loop_governor.call import AttemptPolicy, Call, Refused
 from loop_governor.errors import ErrorType
 from loop_governor.outcome import circuit_open
+from loop_governor.policies.budget import retry_budget_spent
 from loop_governor.state.breaker import ADMIT, ADMIT_DIRTY, BreakerState, Transition
 
 if TYPE_CHECKING:

@@ -321,7 +321,7 @@ class Withdrawn(Policy):
             _restore(self.rt, scope, name, reason="world_changed", by=call.name)
         if not back:
             return result
-        from loop_governor.progress import annotate  # (progress builds on this module)
+        from loop_governor.policies.progress import annotate  # (progress builds on this module)
 
         listed = " and ".join(back) if len(back) < 3 else ", ".join(back[:-1]) + f" and {back[-1]}"
         verb = "is" if len(back) == 1 else "are"

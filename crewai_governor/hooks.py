@@ -300,7 +300,7 @@ class GovernorHooks:
         messages are copies, made once per withdrawal set and reused, so the prompt stays
         byte-identical between withdrawals. A withdrawn tool whose description the prompt
         does not hold as crewAI renders it stays listed: the ladder then refuses its calls
-        instead of ending the run (`loop_governor.ladder.keep_listed`)."""
+        instead of ending the run (`loop_governor.policies.ladder.keep_listed`)."""
         llm = getattr(context, "llm", None)
         owner = getattr(context, "executor", None)
         scope = self.governor.current_task()

@@ -107,7 +107,7 @@ class _Governed:
 
 def _offered(governor: lg.Governor, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keyword arguments as the ladder offers the tools once some are
-    withdrawn ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn schemas;
+    withdrawn ([`tool_offer`][loop_governor.policies.ladder.tool_offer]): without the withdrawn schemas;
     with every tool withdrawn and tool history in the conversation they stay (crewAI sends
     ``tool_choice="auto"`` itself, so a call of a withdrawn tool then ends the run)."""
     tools = kwargs.get("tools")

@@ -139,7 +139,7 @@ class TaskScope:
         self.episodes: dict[str, int] = {}
         self.failed_tools: set[str] = set()
         # the latest state-changing successes, (tool call number, call): what may have fixed a
-        # repeat is asked of them only when a repeat comes (loop_governor.fixes)
+        # repeat is asked of them only when a repeat comes (loop_governor.policies.fixes)
         self.movers: deque[tuple[int, Any]] = deque(maxlen=MOVERS_KEPT)
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was

@@ -9,8 +9,8 @@ calls it asked for. A task whose tools are governed but whose model is not (plai
 Python, a legacy executor) has no decisions to count, so there every tool call is an
 iteration of its own.
 
-[`RetryBudget`][loop_governor.budget.RetryBudget] is the task-level retry budget shared by every tool and model call
-of the task: retries beyond it are not made, whatever the per-call attempt limit says.
+[`RetryBudget`][loop_governor.policies.budget.RetryBudget] is the task-level retry budget shared by every tool and model
+call of the task: retries beyond it are not made, whatever the per-call attempt limit says.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class TaskBudget(Policy):
             scope.tool_calls += 1
             return None
         try:
-            if call.kind == TOOL:  # (a poll's own bounds are per job: loop_governor.polls)
+            if call.kind == TOOL:  # (a poll's own bounds are per job: loop_governor.policies.polls)
                 charge(self.rt, scope, TOOL, call.name, call.policy.max_calls, call.policy.max_wall)
             else:
                 charge(self.rt, scope, call.kind, call.name)

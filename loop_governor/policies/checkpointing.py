@@ -49,8 +49,8 @@ def update_checkpoint(rt: Runtime, scope: TaskScope, record: Callable[[TaskCheck
 
 
 def _save_locked(rt: Runtime, scope: TaskScope, cp: TaskCheckpoint) -> tuple[str, dict[str, Any]] | None:
-    """The save of [`update_checkpoint`][loop_governor.checkpointing.update_checkpoint] (lock held); returns the event
-    to emit."""
+    """The save of [`update_checkpoint`][loop_governor.policies.checkpointing.update_checkpoint] (lock held); returns
+    the event to emit."""
     store = rt.checkpoints
     if store is None:
         return None

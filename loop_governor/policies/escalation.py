@@ -6,9 +6,9 @@ limited" -- and a model may ignore text: trackers of other frameworks have repor
 models repeating a refused call hundreds of times. So each of those signals is
 remembered per task with what it was about, and after the model has been told,
 ``escalation_repeats`` more attempts at the same thing (default 2, per tool
-``ToolPolicy(escalation_repeats=)``) climb the ladder ([`loop_governor.ladder`][loop_governor.ladder]): the
-tool is withdrawn, and calling it anyway ends the run. The text says so from the first
-time ("2 more identical calls withdraw search_docs").
+``ToolPolicy(escalation_repeats=)``) climb the ladder
+([`loop_governor.policies.ladder`][loop_governor.policies.ladder]): the tool is withdrawn, and calling it anyway ends
+the run. The text says so from the first time ("2 more identical calls withdraw search_docs").
 
 What "the same thing" is, per signal:
 
@@ -16,14 +16,14 @@ What "the same thing" is, per signal:
   way -- also after a success elsewhere: the call then runs for real (the success may have
   been the fix), but failing the same way again it is the same thing again;
 * the repeated-error guard's ``LoopDetectedError``: the same tool failing the same way about
-  the same entity ([`loop_governor.repeats`][loop_governor.repeats]); for a transient failure (the service
-  keeps failing), the tool, while it does;
+  the same entity ([`loop_governor.policies.repeats`][loop_governor.policies.repeats]); for a transient failure (the
+  service keeps failing), the tool, while it does;
 * an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
   while the tool is refused.
 
 A failure that comes back after something that may have fixed it (an edit, a toggle:
-[`loop_governor.fixes`][loop_governor.fixes]) is iterating, not counted; a failure with another error is
-news, told afresh. The last two signals are about the
+[`loop_governor.policies.fixes`][loop_governor.policies.fixes]) is iterating, not counted; a failure with another error
+is news, told afresh. The last two signals are about the
 tool's availability, not about what the model asked: any success of the tool ends them,
 and their withdrawal lasts only until the tool may be back.
 Parallel calls of one model turn are one decision: they never count as repeats of each

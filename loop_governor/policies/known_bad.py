@@ -16,8 +16,8 @@ answered from memory. ``ToolPolicy(stateless=True)`` says a tool's failures depe
 arguments alone: they stay known-bad for the whole task.
 
 The lookup is on the path of every governed call of a task that had a permanent failure,
-so [`BadCalls`][loop_governor.known_bad.BadCalls] keeps a local index: when every known-bad call of the task was
-recorded here, a call whose (normalized) arguments match none of them skips the store.
+so [`BadCalls`][loop_governor.policies.known_bad.BadCalls] keeps a local index: when every known-bad call of the task
+was recorded here, a call whose (normalized) arguments match none of them skips the store.
 """
 
 from __future__ import annotations

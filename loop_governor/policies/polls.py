@@ -6,8 +6,8 @@ polled *job* -- the poll's arguments named like ids (``job_id``); an attempt cou
 timestamp beside them is the same job polled again -- by ``max_calls`` (default 60) and
 ``max_wall_s`` (default 3600 s from the job's first poll): a job of up to an hour, polled
 once a minute. Near a bound (80 %) the model reads a warning in the poll's result; at the
-bound the poll is refused and the tool withdrawn ([`loop_governor.ladder`][loop_governor.ladder]); only a
-poll of it after that ends the run.
+bound the poll is refused and the tool withdrawn ([`loop_governor.policies.ladder`][loop_governor.policies.ladder]);
+only a poll of it after that ends the run.
 """
 
 from __future__ import annotations

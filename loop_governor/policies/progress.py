@@ -45,7 +45,7 @@ NOTE = (
 
 def withdraws_text(remaining: int, tool: str, what: str = "repeat", whats: str | None = None) -> str:
     """The plain sentence every warning carries: how many more repeats withdraw the tool
-    (the ladder's next step, [`loop_governor.ladder`][loop_governor.ladder])."""
+    (the ladder's next step, [`loop_governor.policies.ladder`][loop_governor.policies.ladder])."""
     if remaining <= 1:
         return f"the next {what} withdraws {tool} from your tools"
     return f"{remaining} more {whats or what + 's'} withdraw {tool} from your tools"
@@ -204,8 +204,8 @@ class _Seen:
 
     def fixed_since(self, prev: _Seen) -> bool:
         """Whether something that may have fixed the cause succeeded between ``prev`` and this
-        call ([`loop_governor.fixes`][loop_governor.fixes]); without the calls, whether the world moved on by
-        something else than ``prev``'s own success."""
+        call ([`loop_governor.policies.fixes`][loop_governor.policies.fixes]); without the calls, whether the world
+        moved on by something else than ``prev``'s own success."""
         call = self.call
         if call is not None and call.scope is not None and prev.step is not None:
             return fixed_since(call, prev.step)
@@ -256,9 +256,9 @@ _SAME, _REVISED, _WALKED = "same", "revised", "walked"
 
 
 class NoProgress(Policy):
-    """Feeds each successful tool result to the task's [`ProgressGuard`][loop_governor.progress.ProgressGuard]: warns
-    the model in the result, then withdraws the tool if the verdict still does not change
-    (calling it anyway ends the run, [`loop_governor.ladder`][loop_governor.ladder])."""
+    """Feeds each successful tool result to the task's [`ProgressGuard`][loop_governor.policies.progress.ProgressGuard]:
+    warns the model in the result, then withdraws the tool if the verdict still does not change
+    (calling it anyway ends the run, [`loop_governor.policies.ladder`][loop_governor.policies.ladder])."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)

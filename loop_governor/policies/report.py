@@ -63,7 +63,7 @@ class Failures(Policy):
     failed tool call, and a ``call_refused`` event for a call refused without being made
     (open breaker, rate limit, a known-bad call answered from memory).
 
-    Last in the chain but the stop ([`RunStop`][loop_governor.checkpointing.RunStop]), so
+    Last in the chain but the stop ([`RunStop`][loop_governor.policies.checkpointing.RunStop]), so
     the events carry the final text -- the loop guards' warnings and withdrawals
     included -- and come after the decisions that shaped it. In the chain whether or not
     anyone listens: the ``loop_governor`` logger writes these lines
@@ -127,7 +127,7 @@ class Failures(Policy):
 
 class Report(Policy):
     """Emits a successful call's event, and a failed model call's (only while someone
-    listens); a failed tool call's is [`Failures`][loop_governor.report.Failures]'."""
+    listens); a failed tool call's is [`Failures`][loop_governor.policies.report.Failures]'."""
 
     in_task_only = False
     listeners_only = True

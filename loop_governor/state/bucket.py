@@ -3,7 +3,8 @@
 ``rate_per_s`` tokens flow into a bucket holding at most ``burst``; a request takes
 ``cost`` tokens. A caller that finds too few takes nothing and is told how long to wait;
 a call that needs several buckets at once takes from all of them or from none. The rate
-limit policy ([`loop_governor.ratelimit`][loop_governor.ratelimit]) decides which buckets a call takes from.
+limit policy ([`loop_governor.policies.ratelimit`][loop_governor.policies.ratelimit]) decides which buckets a call takes
+from.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from loop_governor.call import AttemptPolicy, Call, Refused
+from loop_governor.call import AttemptPolicy, Call, Refused, StopReason
 from loop_governor.errors import ErrorType
 from loop_governor.outcome import circuit_open
 from loop_governor.policies.budget import retry_budget_spent
@@ -55,9 +55,9 @@ class Breaker(AttemptPolicy):
         if call.attempt or admission is None:  # else: admitted by the governor's fast path
             if call.attempt:
                 if not waits and rt.store.breaker_get(key).state is not BreakerState.CLOSED:
-                    raise Refused("breaker")
+                    raise Refused(StopReason.BREAKER)
                 if waits and retry_budget_spent(rt, call):
-                    raise Refused("budget")  # before a probe is taken, not after (RetryBudget refuses it)
+                    raise Refused(StopReason.BUDGET)  # before a probe is taken, not after (RetryBudget refuses it)
             admission, transition = rt.store.breaker_admit(key, rt.clock, call.policy.breaker)
             if transition is not None:
                 self.transition(key, transition, call)
@@ -72,8 +72,8 @@ class Breaker(AttemptPolicy):
                     rt.events.emit("breaker_wait", tool=call.name, delay_s=wait, state=admission.state.value)
                 return wait
             if call.attempt:
-                raise Refused("breaker")
-            raise Refused("breaker", circuit_open(call.kind, call.name, admission))
+                raise Refused(StopReason.BREAKER)
+            raise Refused(StopReason.BREAKER, circuit_open(call.kind, call.name, admission))
         call.admission = admission
         call.breaker_waiting = False
         return 0.0
@@ -91,7 +91,7 @@ class Breaker(AttemptPolicy):
             and not call.may_wait
             and self.rt.store.breaker_get(call.breaker_key).state is BreakerState.OPEN
         ):
-            call.veto = "breaker"  # our failure (or another caller's) opened it: don't sleep for nothing
+            call.veto = StopReason.BREAKER  # our failure (or another caller's) opened it: don't sleep for nothing
 
     def after_attempt_success(self, call: Call) -> None:
         # Recorded even when admitted clean: another call's failure may have completed

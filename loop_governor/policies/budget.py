@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loop_governor.call import MODEL, TOOL, AttemptPolicy, Call, Policy, Refused, Resumed
+from loop_governor.call import MODEL, TOOL, AttemptPolicy, Call, Policy, Refused, Resumed, StopReason
 from loop_governor.errors import BudgetExhaustedError, ErrorType, GovernedError
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class TaskBudget(Policy):
             else:
                 charge(self.rt, scope, call.kind, call.name)
         except BudgetExhaustedError:
-            call.stop_reason = "task_budget"  # reported as budget_exhausted, not as a failed call
+            call.stop_reason = StopReason.TASK_BUDGET  # reported as budget_exhausted, not as a failed call
             raise
         return None
 
@@ -201,7 +201,7 @@ class RetryBudget(AttemptPolicy):
         if scope is None or not retry_takes_unit(call):
             return 0.0
         if not self.rt.store.budget_take(scope.task_id, self.limit):
-            raise Refused("budget")  # another call of the task spent it during our sleep
+            raise Refused(StopReason.BUDGET)  # another call of the task spent it during our sleep
         return 0.0
 
     def after_attempt_failure(self, call: Call) -> None:
@@ -211,4 +211,4 @@ class RetryBudget(AttemptPolicy):
         if call.waits_out_throttle:
             return
         if self.rt.store.budget_used(scope.task_id) >= self.limit:
-            call.veto = "budget"  # the unit is taken when the retry really runs, after the sleep
+            call.veto = StopReason.BUDGET  # the unit is taken when the retry really runs, after the sleep

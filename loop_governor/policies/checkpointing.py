@@ -162,6 +162,10 @@ class Checkpointing(Policy):
 
     __slots__ = ("rt",)
 
+    @classmethod
+    def applies(cls, rt: Runtime) -> bool:
+        return rt.checkpoints is not None
+
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import AgentToolError, FatalError
 from loop_governor.fingerprint import Fingerprint, walks
-from loop_governor.policies.ladder import withdraw, withdraw_at
-from loop_governor.policies.progress import OK, Verdict, annotate, withdraws_text
+from loop_governor.policies.ladder import OK, Verdict, annotate, withdraw, withdraw_at, withdraws_text
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -153,6 +152,10 @@ class Cycles(Policy):
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
+
+    @classmethod
+    def applies(cls, rt: Runtime) -> bool:
+        return rt.config.cycle_detection
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt

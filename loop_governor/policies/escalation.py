@@ -34,11 +34,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loop_governor.call import TOOL, Call, Policy
+from loop_governor.call import TOOL, Call, Policy, StopReason
 from loop_governor.errors import AgentToolError, CircuitOpenError, ErrorType, FatalError, LoopDetectedError
 from loop_governor.policies.fixes import fixed_since
-from loop_governor.policies.ladder import withdrawn_error
-from loop_governor.policies.progress import withdraws_text
+from loop_governor.policies.ladder import withdrawn_error, withdraws_text
 from loop_governor.policies.repeats import failure_key
 
 if TYPE_CHECKING:
@@ -63,11 +62,11 @@ def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] 
     (True) or is a failure of its own (False); None when it is no soft signal."""
     reason = call.stop_reason
     if not call.attempt:  # refused before the call ran
-        if reason == "known_bad":
+        if reason is StopReason.KNOWN_BAD:
             return ("call", call.key), True
-        if reason == "breaker" or isinstance(error, CircuitOpenError):
+        if reason is StopReason.BREAKER or isinstance(error, CircuitOpenError):
             return ("breaker", f"{call.name}:{call.args_shape}"), False
-        if reason == "rate_limited":
+        if reason is StopReason.RATE_LIMITED:
             return ("rate", f"{call.name}:{call.args_shape}"), False
         return None
     if isinstance(error, LoopDetectedError):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loop_governor.call import TOOL, Call, Policy, Resumed
+from loop_governor.call import TOOL, Call, Policy, Resumed, StopReason
 from loop_governor.errors import AgentToolError, ErrorType, GovernedError, error_from_info
 from loop_governor.policies.checkpointing import update_checkpoint
 from loop_governor.runtime import Runtime
@@ -71,6 +71,9 @@ class World(Policy):
     kinds = frozenset({TOOL})
     __slots__ = ()
 
+    def __init__(self, rt: Runtime | None = None) -> None:
+        """Keeps nothing of the runtime: the world is the task's."""
+
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
         if scope is not None and not call.policy.read_only:
@@ -103,7 +106,7 @@ class KnownBad(Policy):
                 info = GovernedError.model_validate_json(stored)
         if info is None or retired(memory, call, scope.world):
             return None
-        call.stop_reason = "known_bad"
+        call.stop_reason = StopReason.KNOWN_BAD
         raise error_from_info(info)
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:

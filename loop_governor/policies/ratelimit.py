@@ -25,7 +25,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from loop_governor.call import MODEL, AttemptPolicy, Call, Refused
+from loop_governor.call import MODEL, AttemptPolicy, Call, Refused, StopReason
 from loop_governor.outcome import rate_limited
 from loop_governor.state.bucket import Bucket
 
@@ -142,8 +142,8 @@ class RateLimit(AttemptPolicy):
         if wait > (call.wait_left if call.may_wait else pol.max_delay):
             self._leave(call)
             if call.attempt:
-                raise Refused("rate_limited")
-            raise Refused("rate_limited", rate_limited(call.kind, call.name, wait, _limit_text(call)))
+                raise Refused(StopReason.RATE_LIMITED)
+            raise Refused(StopReason.RATE_LIMITED, rate_limited(call.kind, call.name, wait, _limit_text(call)))
         self.rt.events.emit("rate_limited", tool=call.name, delay_s=wait)
         return wait
 

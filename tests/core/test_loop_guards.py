@@ -96,7 +96,7 @@ def test_progress_guard_annotates_message_like_results() -> None:
     guard = ProgressGuard()
     verdicts = [guard.observe("critic", VERDICT) for _ in range(5)]  # the same question, or none given
     assert [v.action for v in verdicts] == ["ok", "ok", "warn", "repeat", "stop"]
-    from loop_governor.policies.progress import annotate
+    from loop_governor.policies.ladder import annotate
 
     original = Msg("x")
     assert annotate(original, "note").content == "x\n\nnote" and original.content == "x"

@@ -74,7 +74,7 @@ from loop_governor.config import check_pruner
 from loop_governor.context.tokens import approx_tokens
 from loop_governor.conversation import links
 from loop_governor.policies.ladder import keep_listed
-from loop_governor.scope import NAME_CHARS, RunAbandoned, readable_name
+from loop_governor.task import NAME_CHARS, RunAbandoned, readable_name
 
 __all__ = ["GovernorHooks", "Installation", "MessagePruner", "install", "installed"]
 

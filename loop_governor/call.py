@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from loop_governor.config import ResolvedPolicy
     from loop_governor.errors import AgentToolError
     from loop_governor.runtime import Runtime
-    from loop_governor.scope import TaskScope
     from loop_governor.state.breaker import Admission
+    from loop_governor.task import TaskScope
     from loop_governor.usage import Usage
 
 TOOL = "tool"

@@ -34,10 +34,10 @@ from loop_governor.policies.breaker import Breaker
 from loop_governor.policies.order import DEFAULT_ATTEMPT_ORDER, DEFAULT_ORDER
 from loop_governor.redaction import mask_url
 from loop_governor.runtime import Runtime
-from loop_governor.scope import TaskScope, call_key
 from loop_governor.scope_vars import _SCOPE
 from loop_governor.state.breaker import ADMIT, Admission, BreakerPolicy, BreakerState
 from loop_governor.stores import Store, store_from_url
+from loop_governor.task import TaskScope, call_key
 from loop_governor.usage import Usage
 
 if TYPE_CHECKING:

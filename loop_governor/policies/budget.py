@@ -23,7 +23,7 @@ from loop_governor.errors import BudgetExhaustedError, ErrorType, GovernedError
 if TYPE_CHECKING:
     from loop_governor.config import GovernorConfig
     from loop_governor.runtime import Runtime
-    from loop_governor.scope import TaskScope
+    from loop_governor.task import TaskScope
     from loop_governor.usage import Usage
 
 

@@ -18,7 +18,7 @@ from loop_governor.redaction import redact
 if TYPE_CHECKING:
     from loop_governor.checkpoint import TaskCheckpoint
     from loop_governor.runtime import Runtime
-    from loop_governor.scope import TaskScope
+    from loop_governor.task import TaskScope
 
 _SAVE_ATTEMPTS = 3
 

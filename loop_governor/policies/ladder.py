@@ -57,7 +57,7 @@ Withdrawal = tuple[str, int | None, float | None, bool]
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
-    from loop_governor.scope import TaskScope
+    from loop_governor.task import TaskScope
 
 
 def withdraws_text(remaining: int, tool: str, what: str = "repeat", whats: str | None = None) -> str:

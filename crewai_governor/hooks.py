@@ -73,8 +73,8 @@ from crewai_governor.tools import GovernedTool
 from loop_governor.config import check_pruner
 from loop_governor.context.tokens import approx_tokens
 from loop_governor.conversation import links
-from loop_governor.ladder import keep_listed
-from loop_governor.scope import NAME_CHARS, RunAbandoned, readable_name
+from loop_governor.policies.ladder import keep_listed
+from loop_governor.task import NAME_CHARS, RunAbandoned, readable_name
 
 __all__ = ["GovernorHooks", "Installation", "MessagePruner", "install", "installed"]
 
@@ -300,7 +300,7 @@ class GovernorHooks:
         messages are copies, made once per withdrawal set and reused, so the prompt stays
         byte-identical between withdrawals. A withdrawn tool whose description the prompt
         does not hold as crewAI renders it stays listed: the ladder then refuses its calls
-        instead of ending the run (`loop_governor.ladder.keep_listed`)."""
+        instead of ending the run (`loop_governor.policies.ladder.keep_listed`)."""
         llm = getattr(context, "llm", None)
         owner = getattr(context, "executor", None)
         scope = self.governor.current_task()

@@ -34,10 +34,10 @@ from pydantic import PrivateAttr
 import loop_governor as lg
 from crewai_governor._default import resolve_governor
 from crewai_governor.failures import context_overflow, model_stop
-from loop_governor.compaction import is_context_overflow
 from loop_governor.context.compact import emergency_compact
 from loop_governor.context.tokens import approx_tokens
-from loop_governor.ladder import tool_offer
+from loop_governor.policies.compaction import is_context_overflow
+from loop_governor.policies.ladder import tool_offer
 from loop_governor.usage import Usage
 
 __all__ = ["endpoint_of", "govern_llm", "governor_of_llm", "is_governed_llm"]
@@ -107,7 +107,7 @@ class _Governed:
 
 def _offered(governor: lg.Governor, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keyword arguments as the ladder offers the tools once some are
-    withdrawn ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn schemas;
+    withdrawn ([`tool_offer`][loop_governor.policies.ladder.tool_offer]): without the withdrawn schemas;
     with every tool withdrawn and tool history in the conversation they stay (crewAI sends
     ``tool_choice="auto"`` itself, so a call of a withdrawn tool then ends the run)."""
     tools = kwargs.get("tools")

@@ -73,7 +73,7 @@ from loop_governor.call import PassThrough
 from loop_governor.config import check_pruner
 from loop_governor.context.compact import emergency_compact
 from loop_governor.conversation import not_run_text, pending_tool_calls, stop_text
-from loop_governor.ladder import tool_offer
+from loop_governor.policies.ladder import tool_offer
 
 
 class GovernorState(AgentState[Any]):
@@ -377,7 +377,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
 
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
         """The request as the ladder offers it once tools are withdrawn
-        ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn tools; with every
+        ([`tool_offer`][loop_governor.policies.ladder.tool_offer]): without the withdrawn tools; with every
         tool withdrawn and tool history in the conversation, the tools stay defined and an
         OpenAI model is told ``tool_choice="none"``."""
         offer = tool_offer(scope, request.tools, request.messages)

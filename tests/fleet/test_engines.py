@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import loop_governor as lg
-from loop_governor.breaker import BreakerState
+from loop_governor.state.breaker import BreakerState
 from loop_governor.stores import StoreConfigError, store_from_url
 from loop_governor.stores.redis import RedisStore
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.redis
 
 TRIP = """
 import sys
-from loop_governor.breaker import BreakerPolicy
+from loop_governor.state.breaker import BreakerPolicy
 from loop_governor.stores import store_from_url
 store = store_from_url(sys.argv[1])
 for _ in range(3):

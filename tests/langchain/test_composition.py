@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 import loop_governor as lg
 from langchain_governor import GovernedToolError, GovernorMiddleware, govern_tool, govern_tools
-from loop_governor.breaker import BreakerState
+from loop_governor.state.breaker import BreakerState
 
 MODES = pytest.mark.parametrize("mode", ["sync", "async"])
 

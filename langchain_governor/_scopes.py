@@ -46,7 +46,7 @@ from typing import Any
 from langgraph.errors import GraphRecursionError
 
 import loop_governor as lg
-from loop_governor.scope import RunAbandoned
+from loop_governor.adapter import RunAbandoned
 
 __all__ = ["LiveTasks", "RunAbandoned", "RunInfo"]
 

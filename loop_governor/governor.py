@@ -274,7 +274,7 @@ class Governor:
         one that finished starts over (``resume=True``: resume it anyway; ``False``:
         always start over). ``name`` is what log lines and the report call the task
         (default: its id; a generated id is no name, so give one). See
-        [`TaskScope`][loop_governor.scope.TaskScope]."""
+        [`TaskScope`][loop_governor.task.TaskScope]."""
         if resume is not None and not isinstance(resume, bool):
             raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
         if name is not None and not isinstance(name, str):

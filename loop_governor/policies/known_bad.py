@@ -32,7 +32,7 @@ from loop_governor.runtime import Runtime
 
 class BadCalls:
     """The known-bad calls this process recorded for one task, each with the task's world
-    ([TaskScope.world][loop_governor.scope.TaskScope.world]) at its failure."""
+    ([TaskScope.world][loop_governor.task.TaskScope.world]) at its failure."""
 
     __slots__ = ("local", "shapes")
 

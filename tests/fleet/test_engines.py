@@ -106,7 +106,7 @@ def test_cluster_outage_falls_back_and_merges_without_pipelined_scripts(redis_cl
     real = store._redis
     store._fail("test", ConnectionError("cut"))  # as an outage would, without killing the shared cluster
     for _ in range(3):
-        store.breaker_record("down_api", False, False, 5.0, lg.breaker.BreakerPolicy(3, 60))
+        store.breaker_record("down_api", False, False, 5.0, lg.state.breaker.BreakerPolicy(3, 60))
     store.known_bad_put("task", "call", "{}")
     assert store.signature_hit("task", "sig") == 1
     mono[0] = 10.0

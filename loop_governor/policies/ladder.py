@@ -48,6 +48,7 @@ from loop_governor.errors import (
     PermanentError,
     TransientError,
 )
+from loop_governor.fixes import did_something
 
 _T = TypeVar("_T")
 
@@ -347,12 +348,13 @@ class Withdrawn(Policy):
             return result
         if scope.streaks:
             scope.streaks.pop(call.name, None)
-        if not scope.withdrawn or call.policy.read_only:
+        if not scope.withdrawn or call.policy.read_only or not did_something(call):
             return result
         # Another tool that may change state succeeded: what a tool withdrawn for
         # repeating kept getting may be different now (the precondition it named was
         # fixed), so it is offered again -- from a later model decision than its
         # withdrawal (a parallel call of that same turn is no fix the model chose).
+        # A ``think``, a note or a search only said something (fixes.did_something).
         decision = scope.decision
         back = [
             name

@@ -48,7 +48,7 @@ from loop_governor.errors import (
     PermanentError,
     TransientError,
 )
-from loop_governor.fixes import did_something
+from loop_governor.policies.fixes import did_something
 
 _T = TypeVar("_T")
 

@@ -43,6 +43,7 @@ compat: $(COMPAT_STAMP)
 lint: $(ALL_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 bench-hotpath: $(ALL_STAMP)
 	$(PY) benchmarks/hotpath.py

@@ -264,10 +264,10 @@ class Call:
         left = self.policy.max_wait - (self.waited_s - self.waited_before)
         scope = self.scope
         if scope is not None:
-            governor = scope.governor
-            wall = governor.config.max_wall_s
+            rt = scope.rt
+            wall = rt.config.max_wall_s
             if wall is not None:
-                left = min(left, wall - (governor.clock() - scope.started_at))
+                left = min(left, wall - (rt.clock() - scope.started_at))
         return left
 
     @property

@@ -34,10 +34,9 @@ from loop_governor.policies.breaker import Breaker
 from loop_governor.policies.order import DEFAULT_ATTEMPT_ORDER, DEFAULT_ORDER
 from loop_governor.redaction import mask_url
 from loop_governor.runtime import Runtime
-from loop_governor.scope_vars import _SCOPE
 from loop_governor.state.breaker import ADMIT, Admission, BreakerPolicy, BreakerState
 from loop_governor.stores import Store, store_from_url
-from loop_governor.task import TaskScope, call_key
+from loop_governor.task import _SCOPE, TaskScope, call_key, update_checkpoint
 from loop_governor.usage import Usage
 
 if TYPE_CHECKING:
@@ -279,7 +278,7 @@ class Governor:
             raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a string or None, not {type(name).__name__}")
-        return TaskScope(self, task_id if task_id is not None else uuid.uuid4().hex, resume, name)
+        return TaskScope(self.rt, task_id if task_id is not None else uuid.uuid4().hex, resume, name)
 
     @staticmethod
     def current_task() -> TaskScope | None:
@@ -353,11 +352,11 @@ class Governor:
 
     def save_checkpoint(self, scope: TaskScope) -> None:
         """Save the task's checkpoint atomically, merging with a concurrent writer."""
-        checkpointing.update_checkpoint(self.rt, scope)
+        update_checkpoint(self.rt, scope)
 
     def update_checkpoint(self, scope: TaskScope, record: Callable[[TaskCheckpoint], object] | None = None) -> None:
         """Apply ``record`` to the task's checkpoint, then save it (no-op without one)."""
-        checkpointing.update_checkpoint(self.rt, scope, record)
+        update_checkpoint(self.rt, scope, record)
 
     # -- configuration, events and services ------------------------------------------------
 

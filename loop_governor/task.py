@@ -1,8 +1,14 @@
-"""Task scope: the per-task state a governed call reads from a contextvar.
+"""The task: the per-task state a governed call reads from a contextvar.
 
 Budgets, known-bad calls, loop guards and checkpoints are per task; the scope travels in
 a contextvar (``with governor.task("id"):``), so adapters never thread it through
 framework code, and it follows asyncio tasks.
+
+A task holds the governor's [`Runtime`][loop_governor.runtime.Runtime] (config, store, clock, events,
+checkpoints), never the Governor itself, so the policies that read it sit below the
+facade. The task's own counters and its checkpoint live here; a loop guard's state is
+the guard's, made by its policy on first use (``progress``, ``cycles``, ``bad_calls``,
+``movers``), so this module imports no policy.
 """
 
 from __future__ import annotations
@@ -10,23 +16,29 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Iterator
-from contextvars import Token
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from loop_governor import scope_vars
 from loop_governor.errors import FatalError
 from loop_governor.keys import call_key
-from loop_governor.policies.fixes import MOVERS_KEPT
-from loop_governor.policies.progress import ProgressGuard
 from loop_governor.redaction import redact, redact_value
-from loop_governor.scope_vars import _SCOPE
 
 if TYPE_CHECKING:
     from loop_governor.checkpoint import TaskCheckpoint
-    from loop_governor.governor import Governor
+    from loop_governor.runtime import Runtime
 
-__all__ = ["PARTIAL_RESULTS_MAX", "PARTIAL_RESULT_CHARS", "RunAbandoned", "TaskScope", "call_key"]
+__all__ = [
+    "PARTIAL_RESULTS_MAX",
+    "PARTIAL_RESULT_CHARS",
+    "RunAbandoned",
+    "TaskScope",
+    "call_key",
+    "stop_fields",
+    "update_checkpoint",
+]
 
 PARTIAL_RESULTS_MAX = 20  # the latest successful tool results a stop hands back
 PARTIAL_RESULT_CHARS = 2000  # each cut to this many characters (redacted)
@@ -55,6 +67,10 @@ def readable_name(text: str, limit: int = NAME_CHARS) -> str:
 
 
 FINISHED_KEY = "finished_at"  # checkpoint metadata: when the task completed
+
+# The current task. Declared (scope_vars) with the small Protocol the layers below the task
+# read (events name the task); only a TaskScope ever sets it, so here it is typed as one.
+_SCOPE = cast("ContextVar[TaskScope | None]", scope_vars._SCOPE)
 
 
 class RunAbandoned(BaseException):
@@ -86,7 +102,6 @@ class TaskScope:
         "error_turns",
         "failed_tools",
         "first_call_at",
-        "governor",
         "known_bad",
         "last_invocation",
         "listed",
@@ -99,6 +114,7 @@ class TaskScope:
         "results_saved",
         "resumable",
         "resume",
+        "rt",
         "started_at",
         "steps",
         "stop",
@@ -114,8 +130,8 @@ class TaskScope:
         "world",
     )
 
-    def __init__(self, governor: Governor, task_id: str, resume: bool | None = None, name: str | None = None) -> None:
-        self.governor = governor
+    def __init__(self, rt: Runtime, task_id: str, resume: bool | None = None, name: str | None = None) -> None:
+        self.rt = rt
         self.task_id = task_id
         # what a person reads for this task (log lines, the report): the name given, else the id
         self.name = readable_name(name) if name is not None else task_id
@@ -139,8 +155,9 @@ class TaskScope:
         self.episodes: dict[str, int] = {}
         self.failed_tools: set[str] = set()
         # the latest state-changing successes, (tool call number, call): what may have fixed a
-        # repeat is asked of them only when a repeat comes (loop_governor.policies.fixes)
-        self.movers: deque[tuple[int, Any]] = deque(maxlen=MOVERS_KEPT)
+        # repeat is asked of them only when a repeat comes (loop_governor.policies.fixes; the
+        # World policy makes it at the task's first state-changing success)
+        self.movers: deque[tuple[int, Any]] | None = None
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was
         # (the agent may have fixed the cause: pressed the brake, logged in, edited a file).
@@ -167,10 +184,7 @@ class TaskScope:
         self.checkpoint_lock = threading.RLock()
         self.tokens = 0
         self.cost = 0.0
-        config = governor.config
-        self.progress = ProgressGuard(
-            config.no_progress_threshold, config.trivial_result_chars, config.escalation_repeats
-        )
+        self.progress: Any = None  # policies.progress.ProgressGuard, made by NoProgress on first use
         self.cycles: Any = None  # cycles.CycleTracker, made on first use
         # escalation: what the model was told not to repeat -> (repeats since, the last
         # tool call id counted, the model decision it was told or last counted in, the
@@ -190,9 +204,10 @@ class TaskScope:
     def __enter__(self) -> TaskScope:
         if self._token is not None:
             raise RuntimeError(f"task scope {self.task_id!r} is already entered")
-        self.started_at = self.governor.clock()
-        self.known_bad = self.governor.store.known_bad_count(self.task_id)
-        checkpoints = self.governor.checkpoints
+        rt = self.rt
+        self.started_at = rt.clock()
+        self.known_bad = rt.store.known_bad_count(self.task_id)
+        checkpoints = rt.checkpoints
         if checkpoints is not None:
             # Resume: completed calls, known-bad calls and sub-results come back.
             from loop_governor.checkpoint import TaskCheckpoint  # optional feature, loaded on demand
@@ -210,7 +225,7 @@ class TaskScope:
             self.results_saved = len(self.results)
             self.steps = self.checkpoint.step
         self._token = _SCOPE.set(self)
-        self.governor.emit("task_start", name=self.name)
+        rt.events.emit("task_start", name=self.name)
         return self
 
     def _resumes(self, loaded: TaskCheckpoint) -> bool:
@@ -228,8 +243,6 @@ class TaskScope:
         ``abandoned`` (an adapter saw the run end without learning how:
         `RunAbandoned`), with the error's class, code and
         redacted reason."""
-        from loop_governor.policies.checkpointing import stop_fields
-
         stop: BaseException | None = self.stop
         if stop is None and isinstance(exc, FatalError):
             stop = exc
@@ -256,13 +269,14 @@ class TaskScope:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        gov = self.governor
+        rt = self.rt
         outcome = self.outcome(exc)
         if outcome["outcome"] == "completed" and self.checkpoint is not None:
             # kept, marked finished: a new run of the same task id starts over
-            finished_at = gov.clock()
-            gov.update_checkpoint(self, lambda cp: cp.metadata.__setitem__(FINISHED_KEY, finished_at))
-        gov.emit("task_end", steps=self.steps, tool_calls=self.tool_calls, model_calls=self.model_calls, **outcome)
+            finished_at = rt.clock()
+            update_checkpoint(rt, self, lambda cp: cp.metadata.__setitem__(FINISHED_KEY, finished_at))
+        counts = {"steps": self.steps, "tool_calls": self.tool_calls, "model_calls": self.model_calls}
+        rt.events.emit("task_end", **counts, **outcome)
         if self._token is not None:
             try:
                 _SCOPE.reset(self._token)
@@ -271,7 +285,7 @@ class TaskScope:
                 # the task of a run it saw end elsewhere): that context is done with it
                 pass
             self._token = None
-        gov.store.end_task(self.task_id)
+        rt.store.end_task(self.task_id)
 
     async def __aenter__(self) -> TaskScope:
         return self.__enter__()
@@ -313,4 +327,90 @@ class TaskScope:
             self.results.append(value)
             return
         # JSON-checked, redacted; then saved so a resume has it
-        self.governor.update_checkpoint(self, lambda cp: cp.add_result(value))
+        update_checkpoint(self.rt, self, lambda cp: cp.add_result(value))
+
+
+_SAVE_ATTEMPTS = 3
+
+
+def update_checkpoint(rt: Runtime, scope: TaskScope, record: Callable[[TaskCheckpoint], object] | None = None) -> None:
+    """Apply ``record`` to the task's checkpoint, then save it (no-op without one).
+
+    Parallel tool calls of one task record into one checkpoint, so recording and
+    saving run under the task's lock: no record lands in a checkpoint object that a
+    concurrent save has just replaced by the merged one. The resulting event is
+    emitted after the lock is released: a subscriber may wait on another thread (an
+    event loop) that is itself about to record into this task.
+
+    Errors raised by ``record`` propagate (nothing is saved). Saving never raises
+    into the agent: the call it records already happened, and failing it because
+    the checkpoint store is down (Redis gone, disk full) would lose the result too.
+    Failures become ``checkpoint_failed`` events.
+    """
+    with scope.checkpoint_lock:
+        cp = scope.checkpoint
+        if cp is None:
+            return
+        if record is not None:
+            record(cp)
+        event = _save_locked(rt, scope, cp)
+    if event is not None:
+        rt.events.emit(event[0], **event[1])
+
+
+def _save_locked(rt: Runtime, scope: TaskScope, cp: TaskCheckpoint) -> tuple[str, dict[str, Any]] | None:
+    """The save of [`update_checkpoint`][loop_governor.task.update_checkpoint] (lock held); returns
+    the event to emit."""
+    store = rt.checkpoints
+    if store is None:
+        return None
+    from loop_governor.checkpoint import CheckpointConflictError
+
+    cp.step = max(cp.step, scope.steps)
+    try:
+        for attempt in range(_SAVE_ATTEMPTS):
+            try:
+                version = store.save(cp)
+                break
+            except CheckpointConflictError:
+                if attempt == _SAVE_ATTEMPTS - 1:
+                    raise
+                latest = store.load(scope.task_id)
+                if latest is None:  # deleted meanwhile: ours is all there is
+                    version = store.save(cp, force=True)
+                    break
+                # Another writer of the same task: keep both sides' work. Only what
+                # the store holds counts as saved: if this save conflicts again, our
+                # results are merged into the next copy too.
+                stored_results = len(latest.results)
+                latest.completed.update(cp.completed)
+                latest.known_bad.update(cp.known_bad)
+                latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
+                latest.metadata.update(cp.metadata)
+                latest.step = max(latest.step, cp.step)
+                scope.checkpoint = cp = latest
+                scope.results = latest.results
+                scope.results_saved = stored_results
+    except Exception as exc:
+        rt.checkpoint_failures += 1
+        return "checkpoint_failed", {"error": redact(f"{type(exc).__name__}: {exc}")[:500], "step": scope.steps}
+    scope.results_saved = len(scope.results)
+    return "checkpoint_saved", {"version": version, "step": scope.steps}
+
+
+def stop_fields(error: BaseException) -> dict[str, Any]:
+    """The fields that say why a run ended (``run_stopped``, ``task_end``), redacted."""
+    if isinstance(error, FatalError):
+        info = error.info
+        return {
+            "tool": info.tool,
+            "error_class": type(error).__name__,
+            "code": info.code,
+            "status": info.status,
+            "reason": error.reason,  # built from the redacted message
+        }
+    return {
+        "error_class": type(error).__name__,
+        "code": None,
+        "reason": redact(f"{type(error).__name__}: {error}")[:500],
+    }

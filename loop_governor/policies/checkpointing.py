@@ -8,85 +8,16 @@ stops (fatal error, budget, no progress) saves what it did before the error leav
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy, Resumed
 from loop_governor.errors import AgentToolError, FatalError
 from loop_governor.redaction import redact
+from loop_governor.task import stop_fields, update_checkpoint
 
 if TYPE_CHECKING:
-    from loop_governor.checkpoint import TaskCheckpoint
     from loop_governor.runtime import Runtime
     from loop_governor.task import TaskScope
-
-_SAVE_ATTEMPTS = 3
-
-
-def update_checkpoint(rt: Runtime, scope: TaskScope, record: Callable[[TaskCheckpoint], object] | None = None) -> None:
-    """Apply ``record`` to the task's checkpoint, then save it (no-op without one).
-
-    Parallel tool calls of one task record into one checkpoint, so recording and
-    saving run under the task's lock: no record lands in a checkpoint object that a
-    concurrent save has just replaced by the merged one. The resulting event is
-    emitted after the lock is released: a subscriber may wait on another thread (an
-    event loop) that is itself about to record into this task.
-
-    Errors raised by ``record`` propagate (nothing is saved). Saving never raises
-    into the agent: the call it records already happened, and failing it because
-    the checkpoint store is down (Redis gone, disk full) would lose the result too.
-    Failures become ``checkpoint_failed`` events.
-    """
-    with scope.checkpoint_lock:
-        cp = scope.checkpoint
-        if cp is None:
-            return
-        if record is not None:
-            record(cp)
-        event = _save_locked(rt, scope, cp)
-    if event is not None:
-        rt.events.emit(event[0], **event[1])
-
-
-def _save_locked(rt: Runtime, scope: TaskScope, cp: TaskCheckpoint) -> tuple[str, dict[str, Any]] | None:
-    """The save of [`update_checkpoint`][loop_governor.policies.checkpointing.update_checkpoint] (lock held); returns
-    the event to emit."""
-    store = rt.checkpoints
-    if store is None:
-        return None
-    from loop_governor.checkpoint import CheckpointConflictError
-
-    cp.step = max(cp.step, scope.steps)
-    try:
-        for attempt in range(_SAVE_ATTEMPTS):
-            try:
-                version = store.save(cp)
-                break
-            except CheckpointConflictError:
-                if attempt == _SAVE_ATTEMPTS - 1:
-                    raise
-                latest = store.load(scope.task_id)
-                if latest is None:  # deleted meanwhile: ours is all there is
-                    version = store.save(cp, force=True)
-                    break
-                # Another writer of the same task: keep both sides' work. Only what
-                # the store holds counts as saved: if this save conflicts again, our
-                # results are merged into the next copy too.
-                stored_results = len(latest.results)
-                latest.completed.update(cp.completed)
-                latest.known_bad.update(cp.known_bad)
-                latest.results.extend(cp.results[scope.results_saved :])  # ours since the last save
-                latest.metadata.update(cp.metadata)
-                latest.step = max(latest.step, cp.step)
-                scope.checkpoint = cp = latest
-                scope.results = latest.results
-                scope.results_saved = stored_results
-    except Exception as exc:
-        rt.checkpoint_failures += 1
-        return "checkpoint_failed", {"error": redact(f"{type(exc).__name__}: {exc}")[:500], "step": scope.steps}
-    scope.results_saved = len(scope.results)
-    return "checkpoint_saved", {"version": version, "step": scope.steps}
-
 
 def record_success(rt: Runtime, scope: TaskScope, key: str, result: Any) -> None:
     from loop_governor.checkpoint import CheckpointSerializationError
@@ -113,24 +44,6 @@ def stop_run(rt: Runtime, scope: TaskScope | None, error: AgentToolError) -> Age
             scope.stop = error
     rt.events.emit("run_stopped", **stop_fields(error))
     return error
-
-
-def stop_fields(error: BaseException) -> dict[str, Any]:
-    """The fields that say why a run ended (``run_stopped``, ``task_end``), redacted."""
-    if isinstance(error, FatalError):
-        info = error.info
-        return {
-            "tool": info.tool,
-            "error_class": type(error).__name__,
-            "code": info.code,
-            "status": info.status,
-            "reason": error.reason,  # built from the redacted message
-        }
-    return {
-        "error_class": type(error).__name__,
-        "code": None,
-        "reason": redact(f"{type(error).__name__}: {error}")[:500],
-    }
 
 
 class RunStop(Policy):

@@ -22,12 +22,14 @@ was recorded here, a call whose (normalized) arguments match none of them skips 
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from loop_governor.call import TOOL, Call, Policy, Resumed, StopReason
 from loop_governor.errors import AgentToolError, ErrorType, GovernedError, error_from_info
-from loop_governor.policies.checkpointing import update_checkpoint
+from loop_governor.policies.fixes import MOVERS_KEPT
 from loop_governor.runtime import Runtime
+from loop_governor.task import update_checkpoint
 
 
 class BadCalls:
@@ -78,7 +80,10 @@ class World(Policy):
         scope = call.scope
         if scope is not None and not call.policy.read_only:
             scope.world += 1
-            scope.movers.append((scope.tool_calls, call))  # what may have fixed something (fixes.py)
+            movers = scope.movers
+            if movers is None:  # the task's first state-changing success
+                movers = scope.movers = deque(maxlen=MOVERS_KEPT)
+            movers.append((scope.tool_calls, call))  # what may have fixed something (fixes.py)
         return result
 
 

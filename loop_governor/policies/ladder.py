@@ -190,7 +190,7 @@ def _stop(scope: TaskScope, tool: str, code: str, message: str) -> NoProgressErr
 def offered(scope: TaskScope, names: Sequence[str]) -> list[bool]:
     """Which of a model request's tools (by name) the model may still call (a tool
     withdrawn for an outage comes back when it may be up)."""
-    rt, withdrawn = scope.governor.rt, scope.withdrawn
+    rt, withdrawn = scope.rt, scope.withdrawn
     return [name not in withdrawn or _lapsed(rt, scope, name) for name in names]
 
 

@@ -231,7 +231,13 @@ class NoProgress(Policy):
         if call.same_decision or call.policy.poll or call.policy.wait:
             return result  # a retrying middleware re-ran the same tool call; a poll or a wait repeats by design
         tool = call.name
-        verdict = scope.progress.observe(
+        guard = scope.progress
+        if guard is None:  # the task's own guard, made at its first result
+            config = self.rt.config
+            guard = scope.progress = ProgressGuard(
+                config.no_progress_threshold, config.trivial_result_chars, config.escalation_repeats
+            )
+        verdict = guard.observe(
             tool,
             call.fingerprint(result),
             withdraw_at(call.policy.escalation_repeats),

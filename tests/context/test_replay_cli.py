@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from loop_governor.context import cli as context_cli
+from loop_governor.cli import replay as context_cli
 from loop_governor.context.replay import load_runs
 
 

@@ -182,8 +182,9 @@ def test_a_finished_task_does_not_answer_a_new_run(tmp_path: Path, clock: Virtua
         again.call("get_weather", weather, "Paris")
     assert weather.calls == 3  # the finished run's result did not answer
     assert not any(e.get("resumed") for e in events)
-    with _gov(clock, checkpoint_url=url).task("t1", resume=True) as scope:
-        scope.governor.call("get_weather", weather, "Paris")
+    resumed = _gov(clock, checkpoint_url=url)
+    with resumed.task("t1", resume=True):
+        resumed.call("get_weather", weather, "Paris")
     assert weather.calls == 3  # asked for explicitly: resumed
     # resumed, then stopped: no longer finished, so the next run resumes it
     gov = _gov(clock, checkpoint_url=url)
@@ -191,8 +192,9 @@ def test_a_finished_task_does_not_answer_a_new_run(tmp_path: Path, clock: Virtua
         gov.call("crm", Backend(forever=HTTPError(401)))
     stored = FileCheckpointStore(tmp_path / "cps").load("t1")
     assert stored is not None and "finished_at" not in stored.metadata
-    with _gov(clock, checkpoint_url=url).task("t1") as scope:
-        scope.governor.call("get_weather", weather, "Paris")
+    resumed = _gov(clock, checkpoint_url=url)
+    with resumed.task("t1"):
+        resumed.call("get_weather", weather, "Paris")
     assert weather.calls == 3
 
 
@@ -207,8 +209,9 @@ def test_a_task_that_did_not_finish_resumes(tmp_path: Path, clock: VirtualClock)
     with again.task("job"):
         again.call("search", search, "q")
     assert search.calls == 1
-    with _gov(clock, checkpoint_url=url).task("job", resume=False) as scope:
-        scope.governor.call("search", search, "q")
+    fresh = _gov(clock, checkpoint_url=url)
+    with fresh.task("job", resume=False):
+        fresh.call("search", search, "q")
     assert search.calls == 2
 
 

@@ -5,11 +5,13 @@ transition is atomic across the fleet: exactly one caller moves an open breaker 
 half-open and gets the probe. Which client a URL gets, and which answers are configuration
 errors, is `redis_connection.py`.
 
-Hot path: a closed breaker is admitted in one round trip (one HMGET), and the clock is
-read only when the breaker is not closed (then the admit script decides). A success
-is recorded in one more round trip (it resets failures other calls completed while it
-ran: "consecutive" is counted in completion order). A rate-limited call takes from all
-its buckets (requests, tokens) in one script call.
+Hot path: a governed success is one round trip. A closed breaker is admitted by one
+HMGET, and the clock is read only when the breaker is not closed (then the admit script
+decides). The success is recorded by a script written to the socket when the call
+completes (it resets failures other calls completed while it ran: "consecutive" is
+counted in completion order), and its reply, always empty, is read with the next
+admission's on the same connection (`DeferredReplies` in `redis_connection.py`). A
+rate-limited call takes from all its buckets (requests, tokens) in one script call.
 
 Time: shared breakers and buckets run on the server's clock (``redis.call('TIME')``
 inside the scripts), so a fleet whose hosts' clocks disagree, or a host whose wall clock
@@ -56,6 +58,7 @@ from typing import Any, TypeVar
 try:
     import redis
     from redis.cluster import RedisCluster
+    from redis.exceptions import AskError, MovedError, NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the redis store needs redis-py: pip install 'loop-governor[redis]'") from exc
 
@@ -74,7 +77,13 @@ from loop_governor.redaction import mask_url as _mask_url
 from loop_governor.redaction import redact, refuse_ambiguous_password
 from loop_governor.stores.base import BreakerStatus, Clock, StoreConfigError
 from loop_governor.stores.memory import MemoryStore
-from loop_governor.stores.redis_connection import ERRORS, config_problem, make_client, split_options
+from loop_governor.stores.redis_connection import (
+    ERRORS,
+    DeferredReplies,
+    config_problem,
+    make_client,
+    split_options,
+)
 from loop_governor.stores.redis_scripts import num, register
 from loop_governor.stores.redis_url import RedisTarget, parse_redis_url
 
@@ -234,6 +243,7 @@ class RedisStore:
         self._run_id: str | None = None
         self._had_replicas = False
         self._redis: Any = None
+        self._deferred = DeferredReplies()  # the successes' replies, read with the next admission
         if client is not None:
             encoder = client.get_encoder()
             if not getattr(encoder, "decode_responses", False):
@@ -250,6 +260,15 @@ class RedisStore:
         self._redis = client
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = register(client)
+        # Where a key's commands go when sent by hand (DeferredReplies): the client's pool, a
+        # cluster node's own pool, or none for a single-connection client (then every
+        # command goes through the client, and a success costs its own round trip).
+        self._one_pool = None if self._cluster or getattr(client, "connection", None) else client.connection_pool
+
+    def _pool(self, key: str) -> Any:
+        if self._cluster:
+            return self._redis.get_redis_connection(self._redis.get_node_from_key(key)).connection_pool
+        return self._one_pool
 
     def _start(self) -> None:
         """Connect and inspect the server: unfit is a [`StoreConfigError`][loop_governor.stores.base.StoreConfigError],
@@ -411,6 +430,7 @@ class RedisStore:
             now = self._monotonic()
             with self._local_lock:
                 self._outage = _Outage(now)
+            self._deferred.forget()
             self._delay = self._reconnect_base
             self._next_try = now + self._delay
             self.fallbacks += 1
@@ -563,15 +583,25 @@ class RedisStore:
             "signatures": sum(len(c) for c in outage.signatures.values()),
         }
 
-    def _run(self, op: str, remote: Callable[[], _T], local: Callable[[MemoryStore, _Outage], _T]) -> _T:
+    def _run(
+        self,
+        op: str,
+        remote: Callable[[], _T],
+        local: Callable[[MemoryStore, _Outage], _T],
+        *,
+        drain: bool = True,
+    ) -> _T:
         """The fallback pattern, once: ``remote()`` on Redis; if Redis fails, fall back and
         run ``local(fallback, outage)`` on local state (which records the outage's deltas),
         atomically with respect to the recovery's swaps. If the store left local state
         meanwhile, the operation goes to Redis again (a write must never land in a
-        discarded fallback)."""
+        discarded fallback). ``drain``: read this thread's unread success replies first
+        (every operation but the two that pipeline them), so it reads its own writes."""
         while True:
             if self._available():
                 try:
+                    if drain and self._deferred.holding:
+                        self._deferred.drain()
                     return remote()
                 except ERRORS as exc:
                     self._fail(op, exc)
@@ -588,7 +618,14 @@ class RedisStore:
             # Otherwise the clock is read and the admit script decides atomically
             # (it re-reads the state, which may have changed in between).
             key = self._bkey(tool)
-            state, failures = self._redis.hmget(key, ["s", "f"])
+            pool = self._pool(key)
+            if pool is None:
+                state, failures = self._redis.hmget(key, ["s", "f"])
+            else:
+                try:  # on the connection holding this thread's unread success replies, if any
+                    state, failures = self._deferred.request(pool, "HMGET", key, "s", "f")
+                except (MovedError, AskError):  # a cluster slot moved: the client follows it
+                    state, failures = self._redis.hmget(key, ["s", "f"])
             if state is None or state == "closed":
                 return (ADMIT_DIRTY if failures not in (None, "0") else ADMIT), None
             now = "" if self._server_time else num(clock())
@@ -599,7 +636,7 @@ class RedisStore:
             o.tools.add(tool)
             return fb.breaker_admit(tool, clock, policy)
 
-        return self._run("breaker_admit", remote, local)
+        return self._run("breaker_admit", remote, local, drain=False)
 
     @staticmethod
     def _admission(reply: list[str]) -> tuple[Admission, Transition | None]:
@@ -627,14 +664,24 @@ class RedisStore:
                 self._breaker_ttl_ms(policy),
                 num(backdate_s),
             ]
-            reply = self._scripts.record(keys=[self._bkey(tool)], args=args)
+            key = self._bkey(tool)
+            if ok and not probe and (pool := self._pool(key)) is not None:
+                # A success outside a probe never changes the state (its reply is always
+                # empty): written now, in completion order, and its reply read with the next
+                # admission's (DeferredReplies): one round trip per governed call.
+                def resend() -> None:
+                    self._scripts.record(keys=[key], args=args)
+
+                self._deferred.send(pool, resend, "EVALSHA", self._scripts.record.sha, 1, key, *args)
+                return None
+            reply = self._scripts.record(keys=[key], args=args)
             return (_STATES[reply[0]], _STATES[reply[1]]) if reply else None
 
         def local(fb: MemoryStore, o: _Outage) -> Transition | None:
             o.tools.add(tool)
             return fb.breaker_record(tool, ok, probe, now, policy, backdate_s=backdate_s)
 
-        return self._run("breaker_record", remote, local)
+        return self._run("breaker_record", remote, local, drain=not ok or probe)
 
     def breaker_get(self, tool: str) -> BreakerRecord:
         return self._run(
@@ -769,13 +816,26 @@ class RedisStore:
             args: list[str | int] = [self._now(now)]
             for _, rate_per_s, burst, cost in buckets:
                 args += [num(rate_per_s), num(burst), num(cost), self._bucket_ttl_ms(rate_per_s, burst, cost)]
-            return float(self._scripts.rate(keys=self._rkeys(buckets), args=args))
+            keys = self._rkeys(buckets)
+            if self._deferred.holding and (pool := self._pool(keys[0])) is not None:
+                # a rate-limited call's success is still unread: read it with this request's reply
+                try:
+                    return float(
+                        self._deferred.request(pool, "EVALSHA", self._scripts.rate.sha, len(keys), *keys, *args)
+                    )
+                except (NoScriptError, MovedError, AskError):
+                    pass  # the client loads the script, or follows the slot
+            return float(self._scripts.rate(keys=keys, args=args))
 
-        return self._run("rate_acquire", remote, lambda fb, o: fb.rate_acquire_all(buckets, now))
+        return self._run("rate_acquire", remote, lambda fb, o: fb.rate_acquire_all(buckets, now), drain=False)
 
     def close(self) -> None:
         if self._redis is None:
             return
+        try:
+            self._deferred.drain()  # this thread's last successes' replies
+        except ERRORS:
+            pass
         try:
             self._redis.close()
         except ERRORS:

@@ -3,6 +3,8 @@ server cannot hold the fleet's state (a configuration error, not an outage)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -115,3 +117,169 @@ def make_client(target: RedisTarget, socket_timeout: float, connect_timeout: flo
 
         options["connection_class"] = SentinelManagedSSLConnection
     return sentinel.master_for(t.service, db=t.db, retry=Retry(NoBackoff(), 0), **options)
+
+
+# Replies that do not fail the deferred command for good: the command is sent again
+# through the client, which loads the script (NOSCRIPT) or follows the slot (cluster).
+_RESEND: tuple[type[BaseException], ...] = (
+    redis.exceptions.NoScriptError,
+    redis.exceptions.MovedError,
+    redis.exceptions.AskError,
+)
+
+
+class _Lease:
+    """A held connection goes back to its pool (disconnected: its replies are unread) if
+    its thread ends holding it: a thread's local state is dropped when the thread ends."""
+
+    __slots__ = ("conn", "pool")
+
+    def __init__(self, conn: Any, pool: Any) -> None:
+        self.conn, self.pool = conn, pool
+
+    def __del__(self) -> None:
+        if self.conn is not None:
+            self.conn.disconnect()
+            self.pool.release(self.conn)
+
+
+class _Held(threading.local):
+    """One thread's connection with replies still unread, and how to resend each."""
+
+    conn: Any = None
+    pool: Any = None
+    lease: _Lease | None = None
+    epoch = 0
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], object]] = []
+
+    def take(self) -> tuple[Any, Any, list[Callable[[], object]]]:
+        """Stop holding the connection (the caller reads its replies or drops it)."""
+        conn, pool, pending, lease = self.conn, self.pool, self.pending, self.lease
+        if lease is not None:
+            lease.conn = None
+        self.conn, self.pool, self.pending, self.lease = None, None, [], None
+        return conn, pool, pending
+
+
+class DeferredReplies:
+    """Commands whose reply can wait: sent now, their reply read with the next request's.
+
+    What it is for: a governed call's success must reach the server when it completes (a
+    failure another process records after it must not be reset by it: consecutive failures
+    count in completion order), but its reply carries nothing the caller needs (a success
+    outside a probe never changes the breaker's state). So the success is written to the
+    socket at once and the thread moves on; the next admission sends its read on the same
+    connection and reads both replies: one round trip per governed call, and the server
+    applies every success in the order the calls completed.
+
+    Why by hand: redis-py's ``Pipeline`` sends its commands when it executes, all at once;
+    nothing in redis-py writes a command now and reads its reply later. This uses only the
+    pool's ``get_connection``/``release`` and the connection's ``send_command``/``read_response``.
+
+    Each thread holds at most one connection with unread replies, taken from the pool of
+    the key's server (a cluster node's own pool), and gives it back when its replies are
+    read. Any failure disconnects it (its reply stream is out of step) and the replies are
+    dropped: the store falls back, and a success recorded on the fresh local state an
+    outage starts with changes nothing. ``forget()`` (the store fell back) drops every
+    thread's held connection at its next use, whatever was sent before the outage.
+    """
+
+    _LIMIT = 64  # unread replies per thread at most (successes recorded without admissions)
+
+    def __init__(self) -> None:
+        self._held = _Held()
+        self._epoch = 0
+
+    def forget(self) -> None:
+        self._epoch += 1
+
+    @property
+    def holding(self) -> bool:
+        return self._held.conn is not None
+
+    def send(self, pool: Any, resend: Callable[[], object], *command: Any) -> None:
+        """Write ``command`` now; read its reply later (``resend()`` runs it again through
+        the client if that reply is NOSCRIPT or MOVED/ASK)."""
+        held = self._held
+        if held.conn is not None and (held.pool is not pool or len(held.pending) >= self._LIMIT):
+            self.drain()
+        conn = held.conn
+        if conn is None:
+            conn = pool.get_connection()
+            held.conn, held.pool, held.epoch, held.lease = conn, pool, self._epoch, _Lease(conn, pool)
+        try:
+            conn.send_command(*command)
+        except BaseException:
+            self._drop()
+            raise
+        held.pending.append(resend)
+
+    def request(self, pool: Any, *command: Any) -> Any:
+        """Send ``command`` and return its reply, reading every unread reply before it on
+        the same connection: one round trip for all of them."""
+        held = self._held
+        if held.conn is not None and held.pool is not pool:
+            self.drain()
+        if held.conn is None:
+            conn = pool.get_connection()
+            try:
+                conn.send_command(*command)
+                return conn.read_response()
+            except BaseException:
+                conn.disconnect()
+                raise
+            finally:
+                pool.release(conn)
+        resends = self._read_pending(command)
+        reply = resends.pop()
+        for resend in resends:
+            resend()
+        return reply
+
+    def drain(self) -> None:
+        """Read the unread replies (before any other command: read-your-writes)."""
+        if self._held.conn is not None:
+            for resend in self._read_pending(None):
+                resend()
+
+    def _read_pending(self, command: tuple[Any, ...] | None) -> list[Any]:
+        """Send ``command`` (if any), read the pending replies and then its own; give the
+        connection back. Returns the resends due, then ``command``'s reply (if sent)."""
+        held = self._held
+        conn, pool, pending = held.take()
+        if held.epoch != self._epoch:  # sent before an outage: the connection is suspect
+            conn.disconnect()
+            pool.release(conn)
+            if command is None:
+                return []
+            return [self.request(pool, *command)]
+        out: list[Any] = []
+        failure: BaseException | None = None
+        try:
+            if command is not None:
+                conn.send_command(*command)
+            for resend in pending:
+                try:
+                    conn.read_response()
+                except _RESEND:
+                    out.append(resend)
+                except redis.ResponseError as exc:  # an error reply: read on, then raise it
+                    failure = failure or exc
+            if command is not None:
+                out.append(conn.read_response())
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        if failure is not None:
+            raise failure
+        return out
+
+    def _drop(self) -> None:
+        conn, pool, _ = self._held.take()
+        if conn is not None:
+            conn.disconnect()
+            pool.release(conn)

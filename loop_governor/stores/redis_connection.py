@@ -210,7 +210,9 @@ class DeferredReplies:
             conn = pool.get_connection()
             held.conn, held.pool, held.epoch, held.lease = conn, pool, self._epoch, _Lease(conn, pool)
         try:
-            conn.send_command(*command)
+            # no health-check PING (a client's health_check_interval) while replies are unread:
+            # its read would take one of them
+            conn.send_command(*command, check_health=not held.pending)
         except BaseException:
             self._drop()
             raise
@@ -259,7 +261,7 @@ class DeferredReplies:
         failure: BaseException | None = None
         try:
             if command is not None:
-                conn.send_command(*command)
+                conn.send_command(*command, check_health=not pending)
             for resend in pending:
                 try:
                     conn.read_response()

@@ -1,28 +1,32 @@
 """Fleet throughput with the Redis store: governed calls per second and per-call latency
-for 1 to 16 processes, beside a bare GET loop on the same server, and the round trips a
-governed call costs by scenario.
+for 1 to 16 processes, beside a bare GET loop on the same server (and their ratio), and
+the round trips a governed call costs by scenario.
 
-    python benchmarks/fleet_throughput.py [--url redis://host:port/0] [--procs 1,2,4,8,16]
+    python benchmarks/fleet_throughput.py [--url redis://host:port/0] [--procs 1,4,16]
                                           [--seconds 2] [--repeat 3] [--engine redis|valkey]
 
 Without ``--url`` it starts its own throw-away server (redis-server, or valkey-server with
 ``--engine valkey``) on a free local port. For each process count, every loop runs in
 that many processes at once for ``--seconds`` (started together), ``--repeat`` times,
 interleaved so drift on a shared machine hits every loop alike; the table shows the
-median run's fleet calls/s and the p50/p99 of every call's own latency (µs):
+median run's fleet calls/s and the p50/p99 of every call's own latency (µs), and each
+governed loop's calls/s as a share of the bare GETs/s run beside it:
 
 - ``GET``: one bare redis-py GET per call (the round-trip floor);
 - ``tool``: ``Governor.call`` on a no-op tool, outside a task (the success path);
 - ``task``: the same inside tasks of 10 calls (task start/end included, per call).
 
-Round trips per call are counted on the socket (redis-py's ``send_packed_command``)
-over 200 calls each: success path, a rate-limited tool, a model call with rpm+tpm, and
-one task start/end.
+Round trips per call are counted on the socket over 200 calls each (redis-py's
+connections: a round trip is a send followed by a wait for its reply; replies read in
+the same turn, a pipeline's or a success's read with the next admission's, are not
+another; see tests/fleet/socket_count.py): success path outside a task, the same in a
+task, a rate-limited tool, a model call with rpm+tpm, and one task start/end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -37,6 +41,9 @@ from typing import Any
 
 import redis
 from redis_latency import start_server  # the same throwaway server (benchmarks/ is on the path)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fleet"))
+from socket_count import counting  # the socket counter the round-trip test uses
 
 import loop_governor as lg
 from loop_governor.stores.redis import RedisStore
@@ -134,16 +141,7 @@ def run_loop(url: str, loop: str, procs: int, seconds: float) -> dict[str, float
 # -- round trips per call ------------------------------------------------------------------
 
 
-def round_trips(url: str) -> dict[str, float]:
-    from redis.connection import Connection
-
-    sent = [0]
-    original = Connection.send_packed_command
-
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
-        sent[0] += 1
-        original(self, command, check_health)
-
+def round_trips(url: str) -> dict[str, dict[str, float]]:
     ns = f"lg-rt-{uuid.uuid4().hex[:8]}"
     config = lg.GovernorConfig(
         tools={"limited": lg.ToolPolicy(rate_limit_per_s=1e6, rate_burst=1_000_000)},
@@ -154,8 +152,12 @@ def round_trips(url: str) -> dict[str, float]:
     def reply(i: int) -> str:
         return f"answer {i}"
 
+    def distinct(i: int) -> int:
+        return i
+
     scenarios = {
         "success path (tool, no task)": lambda i: gov.call("search", lambda: "ok"),
+        "success path (tool, in a task)": lambda i: gov.call("search", distinct, i),
         "rate-limited tool": lambda i: gov.call("limited", lambda: "ok"),
         "model call rpm+tpm": lambda i: gov.call_model(
             "openai:gpt-test", functools.partial(reply, i), estimated_tokens=50
@@ -163,17 +165,15 @@ def round_trips(url: str) -> dict[str, float]:
         "task start/end (empty task)": lambda i: _empty_task(gov, i),
     }
     out = {}
-    Connection.send_packed_command = counting  # type: ignore[method-assign]
-    try:
-        for name, fn in scenarios.items():
+    for name, fn in scenarios.items():
+        # distinct calls in one long task (its start and end are the last scenario)
+        with gov.task(f"rt-{name}") if "in a task" in name else contextlib.nullcontext():
             for i in range(20):
-                fn(i)  # warm
-            sent[0] = 0
-            for i in range(200):
-                fn(i)
-            out[name] = sent[0] / 200
-    finally:
-        Connection.send_packed_command = original  # type: ignore[method-assign]
+                fn(-1 - i)  # warm
+            with counting() as count:
+                for i in range(200):
+                    fn(i)
+        out[name] = {"round_trips": count.round_trips / 200, "sends": count.sends / 200}
     return out
 
 
@@ -186,7 +186,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url")
     ap.add_argument("--engine", default="redis", choices=["redis", "valkey"])
-    ap.add_argument("--procs", default="1,2,4,8,16")
+    ap.add_argument("--procs", default="1,4,16")
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
@@ -206,7 +206,11 @@ def main() -> None:
         server = f"{version.get('server_name', 'redis')} {version.get('valkey_version') or version['redis_version']}"
         results: dict[str, Any] = {"server": server, "cpus": os.cpu_count(), "throughput": {}, "round_trips": {}}
         print(f"server: {server}; {os.cpu_count()} CPUs; {args.seconds:g} s per run, median of {args.repeat} runs")
-        print(f"{'procs':>5}  " + "  ".join(f"{loop + ' calls/s':>14} {'p50':>6} {'p99':>7}" for loop in LOOPS))
+        print(
+            f"{'procs':>5}  "
+            + "  ".join(f"{loop + ' calls/s':>14} {'p50':>6} {'p99':>7}" for loop in LOOPS)
+            + f"  {'tool/GET':>8} {'task/GET':>8}"
+        )
         for n in [int(x) for x in args.procs.split(",")]:
             runs: dict[str, list[dict[str, float]]] = {loop: [] for loop in LOOPS}
             for _ in range(args.repeat):
@@ -216,6 +220,10 @@ def main() -> None:
             for loop in LOOPS:
                 ordered = sorted(runs[loop], key=lambda r: r["calls_s"])
                 row[loop] = ordered[len(ordered) // 2]
+            # each governed run's share of the GET run of the same round, median over rounds
+            for loop in ("tool", "task"):
+                shares = sorted(g["calls_s"] / b["calls_s"] for g, b in zip(runs[loop], runs["GET"], strict=True))
+                row[loop]["share_of_get"] = shares[len(shares) // 2]
             results["throughput"][n] = row
             print(
                 f"{n:>5}  "
@@ -223,11 +231,12 @@ def main() -> None:
                     f"{row[loop]['calls_s']:>14,.0f} {row[loop]['p50_us']:>6.0f} {row[loop]['p99_us']:>7.0f}"
                     for loop in LOOPS
                 )
+                + f"  {row['tool']['share_of_get']:>8.0%} {row['task']['share_of_get']:>8.0%}"
             )
         results["round_trips"] = round_trips(url)
-        print("round trips per call:")
-        for name, n_rt in results["round_trips"].items():
-            print(f"  {name:<30} {n_rt:.2f}")
+        print("per call, counted on the socket:          round trips  commands sent")
+        for name, counted in results["round_trips"].items():
+            print(f"  {name:<40} {counted['round_trips']:>5.2f} {counted['sends']:>14.2f}")
         best = max(results["throughput"].values(), key=lambda r: r["task"]["calls_s"])
         print(
             f"peak: {best['task']['calls_s']:,.0f} governed calls/s in tasks "

@@ -1,15 +1,19 @@
 """Fleet state in Redis: many agent processes share breakers, budgets and rate limits.
 
-Every state change is one Lua script, so a transition is atomic across the fleet:
-exactly one caller moves an open breaker to half-open and gets the probe. The scripts
-mirror [`loop_governor.state.breaker`][loop_governor.state.breaker] line by line (a differential test runs both
-on random operation sequences); the pure Python functions remain the specification.
+Every state change is one Lua script (`redis_scripts.py`), so a
+transition is atomic across the fleet: exactly one caller moves an open breaker to
+half-open and gets the probe. The scripts mirror
+[`loop_governor.state.breaker`][loop_governor.state.breaker] line by line (a differential test runs both
+on random operation sequences); the pure Python functions remain the specification. Which
+client a URL gets, and which answers are configuration errors, is `redis_connection.py`.
 
-Hot path: a closed breaker is admitted in one round trip (one HMGET), and the clock is
-read only when the breaker is not closed (then the admit script decides). A success
-is recorded in one more round trip (it resets failures other calls completed while it
-ran: "consecutive" is counted in completion order). A rate-limited call takes from all
-its buckets (requests, tokens) in one script call.
+Hot path: a governed success is one round trip. A closed breaker is admitted by one
+HMGET, and the clock is read only when the breaker is not closed (then the admit script
+decides). The success is recorded by a script written to the socket when the call
+completes (it resets failures other calls completed while it ran: "consecutive" is
+counted in completion order), and its reply, always empty, is read with the next
+admission's on the same connection (`DeferredReplies` in `redis_connection.py`). A
+rate-limited call takes from all its buckets (requests, tokens) in one script call.
 
 Time: shared breakers and buckets run on the server's clock (``redis.call('TIME')``
 inside the scripts), so a fleet whose hosts' clocks disagree, or a host whose wall clock
@@ -44,7 +48,6 @@ away leaves nothing behind for longer than ``ttl_s``.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import logging
 import math
@@ -53,15 +56,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
     import redis
-    from redis.backoff import NoBackoff
-    from redis.cluster import ClusterNode, RedisCluster
-    from redis.exceptions import RedisClusterException
-    from redis.retry import Retry
-    from redis.sentinel import Sentinel
+    from redis.cluster import RedisCluster
+    from redis.exceptions import AskError, MovedError, NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the redis store needs redis-py: pip install 'loop-governor[redis]'") from exc
 
@@ -80,6 +79,14 @@ from loop_governor.state.breaker import (
 from loop_governor.state.bucket import Bucket
 from loop_governor.stores.base import BreakerStatus, Clock, StoreConfigError
 from loop_governor.stores.memory import MemoryStore
+from loop_governor.stores.redis_connection import (
+    ERRORS,
+    DeferredReplies,
+    config_problem,
+    make_client,
+    split_options,
+)
+from loop_governor.stores.redis_scripts import num, register
 from loop_governor.stores.redis_url import RedisTarget, parse_redis_url
 
 __all__ = ["RedisStore"]
@@ -90,227 +97,7 @@ EventCallback = Callable[[dict[str, Any]], None]
 _T = TypeVar("_T")
 
 
-# What a failed command can raise: redis-py's errors, socket errors, and the cluster
-# client's own exceptions (RedisClusterException is not a RedisError).
-_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError, RedisClusterException)
-
-
-class _Retry(enum.Enum):
-    RETRY = "retry"
-
-
 _STATES = {s.value: s for s in BreakerState}
-
-# --- Lua ------------------------------------------------------------------------------
-# Numbers cross the Lua boundary as strings: Redis truncates Lua numbers to integers in
-# replies, and "%.17g" round-trips a double exactly, so Lua compares the same doubles
-# Python would.
-
-# Time: ARGV "now" is the governor's clock, or '' for the server's (TIME). Scripts that
-# read TIME replicate by effects (the only mode since Redis 7; asked for explicitly where
-# an older server needs it).
-_LUA_HELPERS = """
-if redis.replicate_commands then redis.replicate_commands() end
-local function fmt(x) return string.format('%.17g', x) end
-local function clock(arg)
-  if arg == '' then
-    local t = redis.call('TIME')
-    return tonumber(t[1]) + tonumber(t[2]) / 1000000
-  end
-  return tonumber(arg)
-end
-local function load(key)
-  local h = redis.call('HMGET', key, 's', 'f', 'o', 'p')
-  return (h[1] or 'closed'), (tonumber(h[2]) or 0), (tonumber(h[3]) or 0), (tonumber(h[4]) or 0)
-end
-local function put(key, s, f, o, p, ttl)
-  redis.call('HSET', key, 's', s, 'f', f, 'o', fmt(o), 'p', fmt(p))
-  redis.call('PEXPIRE', key, ttl)
-end
-"""
-
-# breaker.admit() for a breaker that was not closed when read. ARGV: now, cooldown_s, ttl_ms.
-# Replies: {'closed', failures} | {'probe', from_state} | {'deny', state, failures, retry_in}
-# A stamp in the future (the clock stepped back) moves to now: never a negative elapsed time.
-_ADMIT_LUA = (
-    _LUA_HELPERS
-    + """
-local s, f, o, p = load(KEYS[1])
-if s == 'closed' then return {'closed', tostring(f)} end
-local now, cooldown, ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if s == 'open' then
-  if now < o then
-    o = now
-    put(KEYS[1], s, f, o, p, ttl)
-  end
-  local ready_at = o + cooldown
-  if now >= ready_at then
-    put(KEYS[1], 'half_open', f, o, now, ttl)
-    return {'probe', 'open'}
-  end
-  return {'deny', s, tostring(f), fmt(ready_at - now)}
-end
-if now < p then
-  p = now
-  put(KEYS[1], s, f, o, p, ttl)
-end
-local stale_at = p + cooldown
-if now >= stale_at then
-  put(KEYS[1], s, f, o, now, ttl)
-  return {'probe', ''}
-end
-return {'deny', s, tostring(f), fmt(stale_at - now)}
-"""
-)
-
-# breaker.record(). ARGV: ok (1/0), probe (1/0), now, failure_threshold, ttl_ms, backdate_s.
-# Reply: {} or {from_state, to_state}. A success on a healthy breaker writes nothing.
-_RECORD_LUA = (
-    _LUA_HELPERS
-    + """
-local s, f, o, p = load(KEYS[1])
-local ok, probe = ARGV[1] == '1', ARGV[2] == '1'
-if ok then
-  if s == 'closed' then
-    if f ~= 0 then put(KEYS[1], 'closed', 0, 0, 0, tonumber(ARGV[5])) end
-    return {}
-  end
-  if s == 'half_open' and probe then
-    put(KEYS[1], 'closed', 0, 0, 0, tonumber(ARGV[5]))
-    return {'half_open', 'closed'}
-  end
-  return {}
-end
-local now, threshold, ttl = clock(ARGV[3]) - tonumber(ARGV[6]), tonumber(ARGV[4]), tonumber(ARGV[5])
-f = f + 1
-if s == 'half_open' then
-  if probe then
-    put(KEYS[1], 'open', f, now, 0, ttl)
-    return {'half_open', 'open'}
-  end
-  put(KEYS[1], s, f, o, p, ttl)
-  return {}
-end
-if s == 'open' then
-  put(KEYS[1], s, f, o, p, ttl)
-  return {}
-end
-if f >= threshold then
-  put(KEYS[1], 'open', f, now, 0, ttl)
-  return {'closed', 'open'}
-end
-put(KEYS[1], s, f, o, p, ttl)
-return {}
-"""
-)
-
-# breaker.force(). ARGV: state, now, ttl_ms.
-_FORCE_LUA = (
-    _LUA_HELPERS
-    + """
-local s = ARGV[1]
-if s == 'closed' then
-  put(KEYS[1], 'closed', 0, 0, 0, tonumber(ARGV[3]))
-else
-  put(KEYS[1], s, 0, clock(ARGV[2]), 0, tonumber(ARGV[3]))
-end
-return 1
-"""
-)
-
-# Reconvergence after an outage: a breaker that tripped locally is written to Redis
-# unless Redis already holds a non-closed one (the fleet's view wins). ARGV: s, f, o, p, ttl_ms.
-_MERGE_BREAKER_LUA = (
-    _LUA_HELPERS
-    + """
-local s = load(KEYS[1])
-if s ~= 'closed' then return 0 end
-put(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
-return 1
-"""
-)
-
-# MemoryStore.budget_take(). ARGV: limit, ttl_ms. Reply 1 (taken) or 0 (spent).
-_BUDGET_LUA = """
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-if used >= tonumber(ARGV[1]) then return 0 end
-redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-# One hash field set (mode 'set') or incremented (mode 'incr'), and the key's TTL refreshed,
-# in one step. ARGV: mode, field, value, ttl_ms. Reply: the field's new value.
-_HASH_LUA = """
-local v
-if ARGV[1] == 'incr' then
-  v = redis.call('HINCRBY', KEYS[1], ARGV[2], ARGV[3])
-else
-  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-  v = 1
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return v
-"""
-
-# Token buckets, all or nothing (loop_governor.state.bucket.take_all): every bucket is
-# refilled; if each holds its cost (capped at its burst) all are debited their whole cost
-# (a bucket may go into debt), else none is and the longest wait is returned. A clock
-# that steps back neither refills nor freezes the bucket (its stamp moves to now). A key
-# lives at least twice its refill time.
-# KEYS: buckets (one hash tag). ARGV: now ('' = server time), then per bucket: rate_per_s,
-# burst, cost, ttl_ms. Reply: seconds to wait ('0' = admitted).
-_RATE_LUA = """
-if redis.replicate_commands then redis.replicate_commands() end
-local now = tonumber(ARGV[1])
-if ARGV[1] == '' then
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) + tonumber(tm[2]) / 1000000
-end
-local tokens, stamps, wait = {}, {}, 0
-for i, key in ipairs(KEYS) do
-  local rate, burst, cost = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i])
-  local h = redis.call('HMGET', key, 't', 'ts')
-  local t, ts = tonumber(h[1]), tonumber(h[2])
-  if t == nil or ts == nil then t, ts = burst, now end
-  if now > ts then
-    t = math.min(burst, t + (now - ts) * rate)
-  end
-  ts = now
-  local need = math.min(cost, burst)
-  if need - t > 1e-9 * need then wait = math.max(wait, (need - t) / rate) end
-  tokens[i], stamps[i] = t, ts
-end
-for i, key in ipairs(KEYS) do
-  local t = tokens[i]
-  if wait == 0 then t = t - tonumber(ARGV[4 * i]) end
-  redis.call('HSET', key, 't', string.format('%.17g', t), 'ts', string.format('%.17g', stamps[i]))
-  -- a debt left by an earlier, larger request outlives this request's own TTL: the key
-  -- must not expire (a full bucket) before the bucket has refilled
-  local refill = 2000 * (tonumber(ARGV[4 * i - 1]) - t) / tonumber(ARGV[4 * i - 2])
-  redis.call('PEXPIRE', key, string.format('%.0f', math.max(tonumber(ARGV[4 * i + 1]), math.ceil(refill))))
-end
-return string.format('%.17g', wait)
-"""
-
-
-def _num(x: float) -> str:
-    """A float as text Lua's tonumber reads back to the same double."""
-    return repr(float(x))
-
-
-def _split_options(url: str) -> tuple[str, dict[str, str]]:
-    """Take this store's own options (``?namespace=..&ttl_s=..``) out of a Redis URL, so
-    ``GovernorConfig(store_url=...)`` can set them and redis-py never sees them."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in _URL_OPTIONS}
-    rest = [(k, v) for k, v in query if k not in _URL_OPTIONS]
-    return urlunsplit(parts._replace(query=urlencode(rest))), ours
-
-
-_URL_OPTIONS = ("namespace", "ttl_s")
-
 
 _TOKENS = ":tokens"
 
@@ -321,60 +108,6 @@ def _tag(name: str) -> str:
     if name and "{" not in name and "}" not in name:
         return name
     return "h" + hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
-
-
-def _config_problem(exc: BaseException) -> str | None:
-    """Why a server that answered cannot be used (a configuration error, not an outage)."""
-    if isinstance(exc, RedisClusterException):
-        text = str(exc)
-        if "Cluster mode is not enabled" in text:
-            return "not a Redis Cluster node (cluster mode is disabled): use redis://host:port/db"
-        cause = exc.__cause__
-        if cause is not None and _config_problem(cause) is not None:
-            return _config_problem(cause)
-        return None
-    if isinstance(exc, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
-        return f"the server refused the credentials ({type(exc).__name__})"
-    if isinstance(exc, redis.exceptions.NoPermissionError):
-        return "the user lacks a permission the store needs (NOPERM): allow EVAL/EVALSHA, HMGET, INFO and ROLE"
-    if isinstance(exc, redis.ReadOnlyError):
-        return "the server is a read-only replica (READONLY): point store_url at the primary or use redis+sentinel://"
-    if isinstance(exc, redis.exceptions.MovedError):
-        return "a Redis Cluster node (MOVED): use redis+cluster://host:port[,host:port...]"
-    if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.exceptions.ClusterDownError):
-        return f"the server refused the store's commands: {redact(str(exc))[:200]}"
-    return None
-
-
-class _FailoverAwareSentinel(Sentinel):
-    """redis-py's Sentinel, naming a primary only when ``SENTINEL MASTERS`` (what redis-py
-    reads) and ``SENTINEL GET-MASTER-ADDR-BY-NAME`` agree.
-
-    Why by hand: during a failover an old primary that restarts (empty, a master again)
-    answers pings, so ``SENTINEL MASTERS`` shows it healthy until the switch completes,
-    while ``GET-MASTER-ADDR-BY-NAME`` already names the promoted replica. redis-py would
-    connect to the stale primary and the fleet's writes would land there (measured: a
-    rate bucket written to it in 3 of 4 runs). A disagreement is a failover in progress:
-    no primary yet (``MasterNotFoundError``, a ConnectionError: the store stays local and
-    asks again)."""
-
-    def discover_master(self, service_name: str) -> tuple[str, int]:
-        address = super().discover_master(service_name)  # type: ignore[no-untyped-call]
-        for sentinel in self.sentinels:
-            try:
-                named = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service_name)  # type: ignore[no-untyped-call]
-            except (redis.ConnectionError, redis.TimeoutError):
-                continue
-            if not named:
-                continue
-            host, port = (x.decode() if isinstance(x, bytes) else str(x) for x in named[:2])
-            if (host, int(port)) != (str(address[0]), int(address[1])):
-                raise redis.sentinel.MasterNotFoundError(
-                    f"failover of {service_name!r} in progress: "
-                    f"Sentinel names {host}:{port}, not {address[0]}:{address[1]}"
-                )
-            break
-        return str(address[0]), int(address[1])
 
 
 def _glob_escape(text: str) -> str:
@@ -473,7 +206,7 @@ class RedisStore:
         server_time: bool = True,
     ) -> None:
         refuse_ambiguous_password(url)
-        url, options = _split_options(url)
+        url, options = split_options(url)
         namespace = namespace or options.get("namespace") or "loop-governor"
         ttl_s = float(ttl_s if ttl_s is not None else options.get("ttl_s", 86_400.0))
         if ttl_s <= 0:
@@ -512,6 +245,7 @@ class RedisStore:
         self._run_id: str | None = None
         self._had_replicas = False
         self._redis: Any = None
+        self._deferred = DeferredReplies()  # the successes' replies, read with the next admission
         if client is not None:
             encoder = client.get_encoder()
             if not getattr(encoder, "decode_responses", False):
@@ -524,59 +258,32 @@ class RedisStore:
 
     # -- connection ----------------------------------------------------------------------
 
-    def _make_client(self) -> Any:
-        """A redis-py client for the URL: short timeouts, no client-side retries (a failed
-        command falls back at once instead of multiplying the timeout; redis-py retries 3
-        times by default), ``decode_responses=True``."""
-        t = self._target
-        socket_timeout, connect_timeout = self._timeouts
-        common: dict[str, Any] = {
-            "socket_timeout": socket_timeout,
-            "socket_connect_timeout": connect_timeout,
-            "decode_responses": True,
-        }
-        if t.kind == "single":
-            return redis.Redis.from_url(t.url, retry=Retry(NoBackoff(), 0), **common)
-        options: dict[str, Any] = {k: v for k, v in (("username", t.username), ("password", t.password)) if v}
-        options.update(common)
-        if t.kind == "cluster":
-            nodes = [ClusterNode(host, port) for host, port in t.nodes]  # type: ignore[no-untyped-call]
-            if t.ssl:
-                options["ssl"] = True
-            return RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
-        sentinel: Any = _FailoverAwareSentinel(  # type: ignore[no-untyped-call]
-            list(t.nodes),
-            sentinel_kwargs={"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout},
-        )
-        if t.ssl:
-            from redis.sentinel import SentinelManagedSSLConnection
-
-            options["connection_class"] = SentinelManagedSSLConnection
-        return sentinel.master_for(t.service, db=t.db, retry=Retry(NoBackoff(), 0), **options)
-
     def _bind(self, client: Any) -> None:
         self._redis = client
         self._cluster = isinstance(client, RedisCluster)
-        self._admit = client.register_script(_ADMIT_LUA)
-        self._record = client.register_script(_RECORD_LUA)
-        self._force = client.register_script(_FORCE_LUA)
-        self._merge_breaker = client.register_script(_MERGE_BREAKER_LUA)
-        self._budget = client.register_script(_BUDGET_LUA)
-        self._hash = client.register_script(_HASH_LUA)
-        self._rate = client.register_script(_RATE_LUA)
+        self._scripts = register(client)
+        # Where a key's commands go when sent by hand (DeferredReplies): the client's pool, a
+        # cluster node's own pool, or none for a single-connection client (then every
+        # command goes through the client, and a success costs its own round trip).
+        self._one_pool = None if self._cluster or getattr(client, "connection", None) else client.connection_pool
+
+    def _pool(self, key: str) -> Any:
+        if self._cluster:
+            return self._redis.get_redis_connection(self._redis.get_node_from_key(key)).connection_pool
+        return self._one_pool
 
     def _start(self) -> None:
         """Connect and inspect the server: unfit is a [`StoreConfigError`][loop_governor.stores.base.StoreConfigError],
         unreachable an outage from the start (local state, reconnect later)."""
         try:
             if self._redis is None:
-                self._bind(self._make_client())
+                self._bind(make_client(self._target, *self._timeouts))
             self._inspect(starting=True)
         except StoreConfigError:
             self.close()
             raise
-        except _ERRORS as exc:
-            problem = _config_problem(exc)
+        except ERRORS as exc:
+            problem = config_problem(exc)
             if problem is not None:
                 self.close()
                 raise StoreConfigError(f"store_url {self.safe_url}: {problem}") from None
@@ -664,7 +371,7 @@ class RedisStore:
         return self._rkeys([(key, 1.0, 1.0, 1.0)])[0]
 
     def _now(self, now: float) -> str:
-        return "" if self._server_time else _num(now)
+        return "" if self._server_time else num(now)
 
     @staticmethod
     def _bucket_ttl_ms(rate_per_s: float, burst: float, cost: float = 0.0) -> int:
@@ -688,7 +395,7 @@ class RedisStore:
             return False
         try:
             return bool(self._redis.ping())
-        except _ERRORS:
+        except ERRORS:
             return False
 
     @property
@@ -725,6 +432,7 @@ class RedisStore:
             now = self._monotonic()
             with self._local_lock:
                 self._outage = _Outage(now)
+            self._deferred.forget()
             self._delay = self._reconnect_base
             self._next_try = now + self._delay
             self.fallbacks += 1
@@ -793,7 +501,7 @@ class RedisStore:
 
         try:
             if self._redis is None:  # a cluster that was down at start: connect now
-                self._bind(self._make_client())
+                self._bind(make_client(self._target, *self._timeouts))
             try:
                 self._inspect(starting=False)
             except StoreConfigError as exc:
@@ -820,7 +528,7 @@ class RedisStore:
                         pending.absorb(fresh)  # (only this thread replaces self._outage now)
                         self._outage = pending
                     raise
-        except _ERRORS:
+        except ERRORS:
             self._delay = min(self._reconnect_max, self._delay * 2)
             # Jitter so a fleet doesn't reconnect in lock-step.
             self._next_try = self._monotonic() + self._delay * (0.5 + 0.5 * self._random())
@@ -848,8 +556,8 @@ class RedisStore:
                 continue  # local successes must not erase the fleet's failures
             tools += 1
             ttl = max(self._ttl_ms, 3_600_000)
-            args = [rec.state.value, rec.failures, _num(rec.opened_at), _num(rec.probe_at), ttl]
-            self._merge_breaker(keys=[self._bkey(tool)], args=args)
+            args = [rec.state.value, rec.failures, num(rec.opened_at), num(rec.probe_at), ttl]
+            self._scripts.merge_breaker(keys=[self._bkey(tool)], args=args)
         pipe = self._redis.pipeline(transaction=False)
         for task_id in sorted(outage.ended):
             for kind in ("budget", "bad", "sig"):
@@ -877,43 +585,60 @@ class RedisStore:
             "signatures": sum(len(c) for c in outage.signatures.values()),
         }
 
-    def _local(self, op: Callable[[MemoryStore, _Outage], _T]) -> _T | _Retry:
-        """Run ``op(fallback, outage)`` on local state, atomically with respect to the
-        recovery's swaps; ``_Retry.RETRY`` when the store left local state meanwhile (then the
-        operation must go to Redis, or a write would land in a discarded fallback)."""
-        with self._local_lock:
-            outage = self._outage
-            if outage is None:
-                return _Retry.RETRY
-            return op(self._fallback, outage)
+    def _run(
+        self,
+        op: str,
+        remote: Callable[[], _T],
+        local: Callable[[MemoryStore, _Outage], _T],
+        *,
+        drain: bool = True,
+    ) -> _T:
+        """The fallback pattern, once: ``remote()`` on Redis; if Redis fails, fall back and
+        run ``local(fallback, outage)`` on local state (which records the outage's deltas),
+        atomically with respect to the recovery's swaps. If the store left local state
+        meanwhile, the operation goes to Redis again (a write must never land in a
+        discarded fallback). ``drain``: read this thread's unread success replies first
+        (every operation but the two that pipeline them), so it reads its own writes."""
+        while True:
+            if self._available():
+                try:
+                    if drain and self._deferred.holding:
+                        self._deferred.drain()
+                    return remote()
+                except ERRORS as exc:
+                    self._fail(op, exc)
+            with self._local_lock:
+                outage = self._outage
+                if outage is not None:
+                    return local(self._fallback, outage)
 
     # -- breakers ------------------------------------------------------------------------
 
     def breaker_admit(self, tool: str, clock: Clock, policy: BreakerPolicy) -> tuple[Admission, Transition | None]:
-        while True:
-            if self._available():
-                key = self._bkey(tool)
-                cooldown, ttl = _num(policy.cooldown_s), self._breaker_ttl_ms(policy)
-                try:
-                    # Closed (the success path) is a read: one plain HMGET, about a GET's cost.
-                    # Otherwise the clock is read and the admit script decides atomically
-                    # (it re-reads the state, which may have changed in between).
+        def remote() -> tuple[Admission, Transition | None]:
+            # Closed (the success path) is a read: one plain HMGET, about a GET's cost.
+            # Otherwise the clock is read and the admit script decides atomically
+            # (it re-reads the state, which may have changed in between).
+            key = self._bkey(tool)
+            pool = self._pool(key)
+            if pool is None:
+                state, failures = self._redis.hmget(key, ["s", "f"])
+            else:
+                try:  # on the connection holding this thread's unread success replies, if any
+                    state, failures = self._deferred.request(pool, "HMGET", key, "s", "f")
+                except (MovedError, AskError):  # a cluster slot moved: the client follows it
                     state, failures = self._redis.hmget(key, ["s", "f"])
-                    if state is None or state == "closed":
-                        return (ADMIT_DIRTY if failures not in (None, "0") else ADMIT), None
-                    now = "" if self._server_time else _num(clock())
-                    reply = self._admit(keys=[key], args=[now, cooldown, ttl])
-                    return self._admission(reply)
-                except _ERRORS as exc:
-                    self._fail("breaker_admit", exc)
+            if state is None or state == "closed":
+                return (ADMIT_DIRTY if failures not in (None, "0") else ADMIT), None
+            now = "" if self._server_time else num(clock())
+            args = [now, num(policy.cooldown_s), self._breaker_ttl_ms(policy)]
+            return self._admission(self._scripts.admit(keys=[key], args=args))
 
-            def local(fb: MemoryStore, o: _Outage) -> tuple[Admission, Transition | None]:
-                o.tools.add(tool)
-                return fb.breaker_admit(tool, clock, policy)
+        def local(fb: MemoryStore, o: _Outage) -> tuple[Admission, Transition | None]:
+            o.tools.add(tool)
+            return fb.breaker_admit(tool, clock, policy)
 
-            result = self._local(local)
-            if result is not _Retry.RETRY:
-                return result
+        return self._run("breaker_admit", remote, local, drain=False)
 
     @staticmethod
     def _admission(reply: list[str]) -> tuple[Admission, Transition | None]:
@@ -932,41 +657,40 @@ class RedisStore:
     def breaker_record(
         self, tool: str, ok: bool, probe: bool, now: float, policy: BreakerPolicy, *, backdate_s: float = 0.0
     ) -> Transition | None:
-        while True:
-            if self._available():
-                args = [
-                    "1" if ok else "0",
-                    "1" if probe else "0",
-                    self._now(now),
-                    policy.failure_threshold,
-                    self._breaker_ttl_ms(policy),
-                    _num(backdate_s),
-                ]
-                try:
-                    reply = self._record(keys=[self._bkey(tool)], args=args)
-                    return (_STATES[reply[0]], _STATES[reply[1]]) if reply else None
-                except _ERRORS as exc:
-                    self._fail("breaker_record", exc)
+        def remote() -> Transition | None:
+            args = [
+                "1" if ok else "0",
+                "1" if probe else "0",
+                self._now(now),
+                policy.failure_threshold,
+                self._breaker_ttl_ms(policy),
+                num(backdate_s),
+            ]
+            key = self._bkey(tool)
+            if ok and not probe and (pool := self._pool(key)) is not None:
+                # A success outside a probe never changes the state (its reply is always
+                # empty): written now, in completion order, and its reply read with the next
+                # admission's (DeferredReplies): one round trip per governed call.
+                def resend() -> None:
+                    self._scripts.record(keys=[key], args=args)
 
-            def local(fb: MemoryStore, o: _Outage) -> Transition | None:
-                o.tools.add(tool)
-                return fb.breaker_record(tool, ok, probe, now, policy, backdate_s=backdate_s)
+                self._deferred.send(pool, resend, "EVALSHA", self._scripts.record.sha, 1, key, *args)
+                return None
+            reply = self._scripts.record(keys=[key], args=args)
+            return (_STATES[reply[0]], _STATES[reply[1]]) if reply else None
 
-            result = self._local(local)
-            if result is not _Retry.RETRY:
-                return result
+        def local(fb: MemoryStore, o: _Outage) -> Transition | None:
+            o.tools.add(tool)
+            return fb.breaker_record(tool, ok, probe, now, policy, backdate_s=backdate_s)
+
+        return self._run("breaker_record", remote, local, drain=not ok or probe)
 
     def breaker_get(self, tool: str) -> BreakerRecord:
-        while True:
-            if self._available():
-                try:
-                    h = self._redis.hmget(self._bkey(tool), ["s", "f", "o", "p"])
-                    return self._to_record(h)
-                except _ERRORS as exc:
-                    self._fail("breaker_get", exc)
-            record = self._local(lambda fb, o: fb.breaker_get(tool))
-            if record is not _Retry.RETRY:
-                return record
+        return self._run(
+            "breaker_get",
+            lambda: self._to_record(self._redis.hmget(self._bkey(tool), ["s", "f", "o", "p"])),
+            lambda fb, o: fb.breaker_get(tool),
+        )
 
     @staticmethod
     def _to_record(h: list[Any]) -> BreakerRecord:
@@ -975,151 +699,104 @@ class RedisStore:
         return BreakerRecord(_STATES[str(h[0])], int(h[1] or 0), float(h[2] or 0), float(h[3] or 0))
 
     def breaker_list(self) -> list[BreakerStatus]:
-        while True:
-            if self._available():
-                try:
-                    prefix = self._bkey("")
-                    keys = sorted(self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=500))
-                    pipe = self._redis.pipeline(transaction=False)
-                    for key in keys:
-                        pipe.hmget(key, ["s", "f", "o", "p"])
-                    out = []
-                    for key, h in zip(keys, pipe.execute(), strict=True):
-                        if h[0] is None:
-                            continue  # expired between SCAN and HMGET
-                        rec = self._to_record(h)
-                        out.append(BreakerStatus(key[len(prefix) :], rec.state, rec.failures, rec.opened_at))
-                    return out
-                except _ERRORS as exc:
-                    self._fail("breaker_list", exc)
-            listing = self._local(lambda fb, o: fb.breaker_list())
-            if listing is not _Retry.RETRY:
-                return listing
+        def remote() -> list[BreakerStatus]:
+            prefix = self._bkey("")
+            keys = sorted(self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=500))
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.hmget(key, ["s", "f", "o", "p"])
+            out = []
+            for key, h in zip(keys, pipe.execute(), strict=True):
+                if h[0] is None:
+                    continue  # expired between SCAN and HMGET
+                rec = self._to_record(h)
+                out.append(BreakerStatus(key[len(prefix) :], rec.state, rec.failures, rec.opened_at))
+            return out
+
+        return self._run("breaker_list", remote, lambda fb, o: fb.breaker_list())
 
     def breaker_force(self, tool: str, state: BreakerState | str, now: float) -> None:
         rec = force(state, now)
-        while True:
-            if self._available():
-                try:
-                    args = [rec.state.value, self._now(now), max(self._ttl_ms, 3_600_000)]
-                    self._force(keys=[self._bkey(tool)], args=args)
-                    return
-                except _ERRORS as exc:
-                    self._fail("breaker_force", exc)
 
-            def local(fb: MemoryStore, o: _Outage) -> None:
-                o.tools.add(tool)
-                fb.breaker_force(tool, state, now)
+        def remote() -> None:
+            args = [rec.state.value, self._now(now), max(self._ttl_ms, 3_600_000)]
+            self._scripts.force(keys=[self._bkey(tool)], args=args)
 
-            if self._local(local) is not _Retry.RETRY:
-                return
+        def local(fb: MemoryStore, o: _Outage) -> None:
+            o.tools.add(tool)
+            fb.breaker_force(tool, state, now)
+
+        self._run("breaker_force", remote, local)
 
     # -- per-task state ------------------------------------------------------------------
 
     def budget_take(self, task_id: str, limit: int) -> bool:
-        while True:
-            if self._available():
-                try:
-                    return bool(self._budget(keys=[self._tkey(task_id, "budget")], args=[limit, self._ttl_ms]))
-                except _ERRORS as exc:
-                    self._fail("budget_take", exc)
+        def local(fb: MemoryStore, o: _Outage) -> bool:
+            taken = fb.budget_take(task_id, limit)
+            if taken:
+                o.budget_taken[task_id] = o.budget_taken.get(task_id, 0) + 1
+            return taken
 
-            def local(fb: MemoryStore, o: _Outage) -> bool:
-                taken = fb.budget_take(task_id, limit)
-                if taken:
-                    o.budget_taken[task_id] = o.budget_taken.get(task_id, 0) + 1
-                return taken
-
-            result = self._local(local)
-            if result is not _Retry.RETRY:
-                return result
+        return self._run(
+            "budget_take",
+            lambda: bool(self._scripts.budget(keys=[self._tkey(task_id, "budget")], args=[limit, self._ttl_ms])),
+            local,
+        )
 
     def budget_used(self, task_id: str) -> int:
-        while True:
-            if self._available():
-                try:
-                    return int(self._redis.get(self._tkey(task_id, "budget")) or 0)
-                except _ERRORS as exc:
-                    self._fail("budget_used", exc)
-            used = self._local(lambda fb, o: fb.budget_used(task_id))
-            if used is not _Retry.RETRY:
-                return used
+        return self._run(
+            "budget_used",
+            lambda: int(self._redis.get(self._tkey(task_id, "budget")) or 0),
+            lambda fb, o: fb.budget_used(task_id),
+        )
 
     def known_bad_get(self, task_id: str, key: str) -> str | None:
-        while True:
-            if self._available():
-                try:
-                    value = self._redis.hget(self._tkey(task_id, "bad"), key)
-                    return None if value is None else str(value)
-                except _ERRORS as exc:
-                    self._fail("known_bad_get", exc)
-            found = self._local(lambda fb, o: fb.known_bad_get(task_id, key))
-            if found is not _Retry.RETRY:
-                return found
+        def remote() -> str | None:
+            value = self._redis.hget(self._tkey(task_id, "bad"), key)
+            return None if value is None else str(value)
+
+        return self._run("known_bad_get", remote, lambda fb, o: fb.known_bad_get(task_id, key))
 
     def known_bad_put(self, task_id: str, key: str, info_json: str) -> None:
-        while True:
-            if self._available():
-                try:
-                    self._hash(keys=[self._tkey(task_id, "bad")], args=["set", key, info_json, self._ttl_ms])
-                    return
-                except _ERRORS as exc:
-                    self._fail("known_bad_put", exc)
+        def remote() -> None:
+            self._scripts.hash(keys=[self._tkey(task_id, "bad")], args=["set", key, info_json, self._ttl_ms])
 
-            def local(fb: MemoryStore, o: _Outage) -> None:
-                o.known_bad.setdefault(task_id, {})[key] = info_json
-                fb.known_bad_put(task_id, key, info_json)
+        def local(fb: MemoryStore, o: _Outage) -> None:
+            o.known_bad.setdefault(task_id, {})[key] = info_json
+            fb.known_bad_put(task_id, key, info_json)
 
-            if self._local(local) is not _Retry.RETRY:
-                return
+        self._run("known_bad_put", remote, local)
 
     def known_bad_count(self, task_id: str) -> int:
-        while True:
-            if self._available():
-                try:
-                    return int(self._redis.hlen(self._tkey(task_id, "bad")))
-                except _ERRORS as exc:
-                    self._fail("known_bad_count", exc)
-            count = self._local(lambda fb, o: fb.known_bad_count(task_id))
-            if count is not _Retry.RETRY:
-                return count
+        return self._run(
+            "known_bad_count",
+            lambda: int(self._redis.hlen(self._tkey(task_id, "bad"))),
+            lambda fb, o: fb.known_bad_count(task_id),
+        )
 
     def signature_hit(self, task_id: str, signature: str) -> int:
-        while True:
-            if self._available():
-                try:
-                    args = ["incr", signature, 1, self._ttl_ms]
-                    return int(self._hash(keys=[self._tkey(task_id, "sig")], args=args))
-                except _ERRORS as exc:
-                    self._fail("signature_hit", exc)
+        def local(fb: MemoryStore, o: _Outage) -> int:
+            counts = o.signatures.setdefault(task_id, {})
+            counts[signature] = counts.get(signature, 0) + 1
+            return fb.signature_hit(task_id, signature)
 
-            def local(fb: MemoryStore, o: _Outage) -> int:
-                counts = o.signatures.setdefault(task_id, {})
-                counts[signature] = counts.get(signature, 0) + 1
-                return fb.signature_hit(task_id, signature)
-
-            result = self._local(local)
-            if result is not _Retry.RETRY:
-                return result
+        args = ["incr", signature, 1, self._ttl_ms]
+        return self._run(
+            "signature_hit", lambda: int(self._scripts.hash(keys=[self._tkey(task_id, "sig")], args=args)), local
+        )
 
     def end_task(self, task_id: str) -> None:
-        while True:
-            if self._available():
-                try:
-                    self._redis.delete(*(self._tkey(task_id, k) for k in ("budget", "bad", "sig")))
-                    return
-                except _ERRORS as exc:
-                    self._fail("end_task", exc)
+        def remote() -> None:
+            self._redis.delete(*(self._tkey(task_id, k) for k in ("budget", "bad", "sig")))
 
-            def local(fb: MemoryStore, o: _Outage) -> None:
-                o.ended.add(task_id)
-                o.budget_taken.pop(task_id, None)
-                o.known_bad.pop(task_id, None)
-                o.signatures.pop(task_id, None)
-                fb.end_task(task_id)
+        def local(fb: MemoryStore, o: _Outage) -> None:
+            o.ended.add(task_id)
+            o.budget_taken.pop(task_id, None)
+            o.known_bad.pop(task_id, None)
+            o.signatures.pop(task_id, None)
+            fb.end_task(task_id)
 
-            if self._local(local) is not _Retry.RETRY:
-                return
+        self._run("end_task", remote, local)
 
     # -- rate limits (per tool, fleet-wide) ----------------------------------------------
 
@@ -1136,24 +813,32 @@ class RedisStore:
                 raise ValueError("rate_per_s must be > 0 and burst >= 1")
         if not buckets:
             return 0.0
-        while True:
-            if self._available():
-                args: list[str | int] = [self._now(now)]
-                for _, rate_per_s, burst, cost in buckets:
-                    args += [_num(rate_per_s), _num(burst), _num(cost), self._bucket_ttl_ms(rate_per_s, burst, cost)]
+
+        def remote() -> float:
+            args: list[str | int] = [self._now(now)]
+            for _, rate_per_s, burst, cost in buckets:
+                args += [num(rate_per_s), num(burst), num(cost), self._bucket_ttl_ms(rate_per_s, burst, cost)]
+            keys = self._rkeys(buckets)
+            if self._deferred.holding and (pool := self._pool(keys[0])) is not None:
+                # a rate-limited call's success is still unread: read it with this request's reply
                 try:
-                    reply = self._rate(keys=self._rkeys(buckets), args=args)
-                    return float(reply)
-                except _ERRORS as exc:
-                    self._fail("rate_acquire", exc)
-            wait = self._local(lambda fb, o: fb.rate_acquire_all(buckets, now))
-            if wait is not _Retry.RETRY:
-                return wait
+                    return float(
+                        self._deferred.request(pool, "EVALSHA", self._scripts.rate.sha, len(keys), *keys, *args)
+                    )
+                except (NoScriptError, MovedError, AskError):
+                    pass  # the client loads the script, or follows the slot
+            return float(self._scripts.rate(keys=keys, args=args))
+
+        return self._run("rate_acquire", remote, lambda fb, o: fb.rate_acquire_all(buckets, now), drain=False)
 
     def close(self) -> None:
         if self._redis is None:
             return
         try:
+            self._deferred.drain()  # this thread's last successes' replies
+        except ERRORS:
+            pass
+        try:
             self._redis.close()
-        except _ERRORS:
+        except ERRORS:
             pass

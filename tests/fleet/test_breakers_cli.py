@@ -57,9 +57,7 @@ def test_store_from_environment_and_sqlite(tmp_path: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize("command", [[], ["open", "db_tool"], ["close", "db_tool"]])
-def test_a_store_that_does_not_exist_is_a_usage_error_not_a_new_empty_store(
-    tmp_path: Path, command: list[str]
-) -> None:
+def test_a_store_that_does_not_exist_is_a_usage_error_not_a_new_empty_store(tmp_path: Path, command: list[str]) -> None:
     """Issue 35: a typo in --store must not create a store no agent reads and report it empty."""
     typo = tmp_path / "stat.db"
     result = runner.invoke(app, ["breakers", "--store", f"sqlite:///{typo}", *command])

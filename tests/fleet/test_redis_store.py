@@ -258,37 +258,55 @@ def test_several_buckets_are_taken_all_or_nothing(redis_server: Any, namespace: 
     assert store.rate_acquire_all([big], t + 50.0) == 0.0
 
 
-def test_success_path_costs_two_round_trips(redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A governed call on a closed breaker sends two requests to Redis (counted on the socket):
-    the admission (a plain read) and the success (a script that writes only when another
-    call's failure completed meanwhile: consecutive failures count in completion order)."""
-    from redis.connection import Connection
+@pytest.mark.parametrize("in_task", [True, False], ids=["in a task", "outside a task"])
+def test_a_governed_success_costs_one_round_trip(redis_server: Any, namespace: str, in_task: bool) -> None:
+    """A governed call on a closed breaker is one round trip to Redis (counted on the
+    socket): the success is written when the call completes (consecutive failures count in
+    completion order: it resets a failure another call completed while it ran) and its
+    reply is read with the next call's admission, a plain read on the same connection."""
+    from contextlib import nullcontext
 
-    sent: list[int] = []
-    original = Connection.send_packed_command
-
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
-        sent.append(1)
-        original(self, command, check_health)
+    from fleet.socket_count import counting
 
     store = _virtual(redis_server.url, namespace=namespace)
     gov = lg.Governor(lg.GovernorConfig(), store=store, clock=FakeClock(5.0))
-    with gov.task("task-1"):
+    with gov.task("task-1") if in_task else nullcontext():
         gov.call("warmup", lambda: None)  # first use of a connection: handshake + script load
+        gov.call("search", lambda x: x, -1)
+        buckets = [("provider", 100.0, 1000.0, 1.0), ("provider:tokens", 1e4, 1e5, 800.0)]
+        assert store.rate_acquire_all(buckets, 5.0) == 0.0  # (the script loaded)
         monitor = redis_server.client()
         stats = monitor.info("commandstats")
         reads, scripts = stats["cmdstat_hmget"]["calls"], stats["cmdstat_evalsha"]["calls"]
-        monkeypatch.setattr(Connection, "send_packed_command", counting)
-        for i in range(20):
-            assert gov.call("search", lambda x: x * 2, i) == i * 2
-        assert len(sent) == 40
-        # ... the admission is a plain read, the success one script (whose HMGET counts too).
+        with counting() as sent:
+            for i in range(20):
+                assert gov.call("search", lambda x: x * 2, i) == i * 2
+        # 20 admissions and 20 successes sent; the last success's reply comes with the next request's
+        assert (sent.round_trips, sent.sends, sent.replies) == (20, 40, 39)
+        # the server ran each call's admission (a plain read) and its success (one script,
+        # whose HMGET counts too), in the order the calls completed
         stats = monitor.info("commandstats")
         assert (stats["cmdstat_hmget"]["calls"] - reads, stats["cmdstat_evalsha"]["calls"] - scripts) == (40, 20)
-        buckets = [("provider", 100.0, 1000.0, 1.0), ("provider:tokens", 1e4, 1e5, 800.0)]
-        assert store.rate_acquire_all(buckets, 5.0) == 0.0
-        assert len(sent) == 42  # (the INFO above) + a request and a token limit: one round trip too
-        monkeypatch.undo()
+        with counting() as sent:
+            assert store.rate_acquire_all(buckets, 5.0) == 0.0
+        assert (sent.round_trips, sent.replies) == (1, 2)  # a request and a token limit, and the last success
+
+
+def test_a_success_another_call_completed_before_a_failure_does_not_reset_it(redis_server: Any, namespace: str) -> None:
+    """Completion order across stores: A's success is on the server before B's failure
+    (its reply not read yet), so it resets only what came before it; B's failures count on."""
+    a = _virtual(redis_server.url, namespace=namespace)
+    b = _virtual(redis_server.url, namespace=namespace)
+    clock = FakeClock(0.0)
+    assert b.breaker_record("api", False, False, 0.0, POLICY) is None
+    assert a.breaker_admit("api", clock, POLICY)[0].dirty
+    assert a.breaker_record("api", True, False, 1.0, POLICY) is None  # sent; reply unread
+    assert b.breaker_record("api", False, False, 2.0, POLICY) is None
+    assert b.breaker_record("api", False, False, 3.0, POLICY) is None
+    assert a.breaker_get("api").failures == 2  # A reads its own write, then B's two failures
+    assert b.breaker_record("api", False, False, 4.0, POLICY) == (BreakerState.CLOSED, BreakerState.OPEN)
+    a.close()
+    b.close()
 
 
 # -- Redis unreachable --------------------------------------------------------------------

@@ -90,6 +90,11 @@ def _events(workdir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _events_of(workdir: Path, worker: int) -> list[dict[str, Any]]:
+    path = workdir / f"events-{worker}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
 def _wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -125,6 +130,12 @@ def test_redis_killed_mid_run_calls_keep_completing_and_state_reconverges(
         _wait_for(
             lambda: sum(e["event"] == "store_fallback" for e in _events(tmp_path)) == PROCESSES,
             "every worker to fall back",
+        )
+        # and to trip its own breaker meanwhile (two calls in the outage: a loaded machine may
+        # give a worker fewer before Redis is back)
+        _wait_for(
+            lambda: all(any(e["event"] == "breaker" for e in _events_of(tmp_path, i)) for i in range(PROCESSES)),
+            "every worker to open its breaker while Redis is down",
         )
         own_redis_server.start()
         _wait_for(

@@ -94,7 +94,9 @@ def test_sigkill_never_loses_a_returned_save_nor_tears_one(
     assert deaths == {"signal 9"}, worker_errors
     # the kills did hit a working writer: every task progressed, compacted, and some
     # kills landed between a save reaching the store and its return
-    assert all(step > 0 for step in stored.values()), stored
+    # (one task all of whose kills fell before its worker's first save, on a starved CPU,
+    # proves nothing either way: every other task must have progressed)
+    assert sum(step > 0 for step in stored.values()) >= len(stored) - 1 > 0, stored
     assert seen["compacted meanwhile"] > 0, seen
     assert seen["saved, not yet acknowledged"] > 0 or kind != "file", seen
     if kind == "file":

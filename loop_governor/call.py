@@ -27,7 +27,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from loop_governor.fingerprint import Fingerprint, args_shape, args_signature, args_subject, args_text, result_text
+from loop_governor.fingerprint import (
+    Fingerprint,
+    args_entity,
+    args_shape,
+    args_signature,
+    args_subject,
+    args_text,
+    result_text,
+)
 from loop_governor.keys import call_key
 from loop_governor.scope_vars import _CALL_META
 
@@ -121,6 +129,7 @@ class Call:
     _fingerprint: Fingerprint | None = None
     _args_sig: tuple[int, int] | None = None
     _subject: tuple[int, int] | None = None
+    _entity: int | None = None
 
     def __init__(
         self,
@@ -178,6 +187,15 @@ class Call:
         if self._subject is None:
             self._subject = args_subject(self.args, self.kwargs)
         return self._subject
+
+    @property
+    def entity(self) -> int:
+        """The entity part of [`subject`][loop_governor.call.Call.subject] (what the loop guards compare), without
+        digesting the content: ``subject[0]``, computed on first use."""
+        entity = self._entity
+        if entity is None:
+            entity = self._entity = args_entity(self.args, self.kwargs)
+        return entity
 
     @property
     def key_if_known(self) -> str | None:

@@ -61,7 +61,9 @@ class CycleTracker:
         turn are one decision, not a cycle). Arguments are normalized only for the second
         and later calls of a decision."""
         if decision is None or decision != self._decision:
-            self._decision, self._first, self._turn = decision, call, set()
+            self._decision, self._first = decision, call
+            if self._turn:  # (a new empty set only when the last decision had several calls)
+                self._turn = set()
             return False
         turn, first = self._turn, self._first
         if first is not None:
@@ -92,16 +94,17 @@ class CycleTracker:
     def push(self, call: Call, result: Fingerprint, then: int) -> Verdict:
         history, runs, tool = self._history, self._runs, call.name
         n = len(history)
-        for p in PERIODS:
-            runs[p] = runs[p] + 1 if n >= p and _same_step(history[-p], tool, result, call) else 0
-        history.append((tool, result, call))
-        if n + 1 > _HISTORY:
-            del history[0]
         period = 0
         for p in PERIODS:
-            if runs[p] >= (2 if p == 1 else p):
-                period = p
-                break
+            if n >= p and _same_step(history[-p], tool, result, call):
+                runs[p] += 1
+                if not period and runs[p] >= (2 if p == 1 else p):
+                    period = p  # the shortest period that repeats
+            else:
+                runs[p] = 0
+        history.append((tool, result, call))
+        if n >= _HISTORY:
+            del history[0]
         if not period:
             self._period = self._since = 0
             return OK

@@ -241,7 +241,7 @@ class _Seen:
             return _SAME if fp.text == before.text or fp.same_as(before) else None
         if mine[0] == theirs[0]:  # the same call but for a walking argument (page, offset, cursor)
             return _WALKED if fp.text == before.text else None
-        if self.call.subject[0] == prev.call.subject[0]:
+        if self.call.entity == prev.call.entity:
             if fp.text != before.text and fp.named != before.named:
                 return None
             mine_c = content_values(self.call.args, self.call.kwargs)

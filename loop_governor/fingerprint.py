@@ -84,14 +84,16 @@ def _bounded(text: str) -> str:
 class Fingerprint:
     """A result as the loop guards compare it (see the module docstring)."""
 
-    __slots__ = ("_full", "_named", "cheap", "size", "text")
+    __slots__ = ("_full", "_named", "cheap", "size", "slack", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         bounded = _bounded(text).encode("utf-8", "surrogatepass")
         stripped = bounded.translate(None, _DIGITS)
         self.cheap = hash(stripped)
-        self.size = len(stripped)
+        self.size = size = len(stripped)
+        # how far another result's size may be from this one's and still normalize equal
+        self.slack = size // 8 if size > 128 else 16
         self._full: str | None = None
         self._named: str | None = None
 
@@ -131,7 +133,7 @@ class Fingerprint:
         timestamps aside), for comparisons made on every call whatever the arguments."""
         if self.cheap == other.cheap:
             return True
-        if not full or abs(self.size - other.size) > max(16, self.size // 8):
+        if not full or abs(self.size - other.size) > self.slack:
             return False  # not the same shape: no normalization can make them equal
         return self.full == other.full
 

@@ -232,7 +232,7 @@ class _Seen:
         critic's score moves, its verdict does not: revisions are compared normalized.
         """
         fp, before = self.fp, prev.fp
-        if fp.cheap != before.cheap and (fp.size > 4096 or abs(fp.size - before.size) > max(16, fp.size // 8)):
+        if fp.cheap != before.cheap and (fp.size > 4096 or abs(fp.size - before.size) > fp.slack):
             return None  # not the same shape: no normalization can make them equal (most calls)
         if self.call is None or prev.call is None:  # no question given: the answers alone
             return _SAME if self.call is None and prev.call is None and fp.same_as(before) else None

@@ -21,13 +21,15 @@ when replaying every recorded tool call through ``Governor.call`` in a task, bes
 trajectory-fuse's ``observe`` (the loop-guard peer) on the same steps.
 
 Timing is the benchmark thread's CPU time by default (``--clock cpu``): on a shared machine
-wall time also counts other processes' turns. Medians of ``--repeats`` rounds; every ratio
-is taken between figures measured in the same run.
+wall time also counts other processes' turns. The cases run interleaved, ``--repeats``
+rounds of each, and each figure is the median of its rounds; every ratio is taken between
+figures measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import statistics
 import sys
@@ -64,14 +66,21 @@ def stock(x: int) -> str:
     return f"row {x}: in stock, ships today"
 
 
-def per_call_us(fn: Callable[[], object], calls: int, repeats: int, clock: Callable[[], float]) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = clock()
-        for _ in range(calls):
-            fn()
-        samples.append((clock() - start) / calls * 1e6)
-    return statistics.median(samples)
+Case = tuple[Callable[[], object], int, str | None]  # (one call, calls per round, task name or None)
+
+
+def per_call_us(gov: lg.Governor, cases: dict[str, Case], rounds: int, clock: Callable[[], float]) -> dict[str, float]:
+    """Median µs a call of each case, the cases interleaved round by round (a neighbour's
+    load then weighs on every case alike); an in-task case runs in a fresh task per round."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for number in range(rounds):
+        for name, (fn, calls, task) in cases.items():
+            with gov.task(f"{task}-{number}") if task else contextlib.nullcontext():
+                start = clock()
+                for _ in range(calls):
+                    fn()
+                samples[name].append((clock() - start) / calls * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def task_length(gov: lg.Governor, tasks: int, clock: Callable[[], float]) -> tuple[float, float]:
@@ -131,24 +140,20 @@ def main() -> None:
     repeat_arg = twice()
     n, r = args.calls, args.repeats
     peers = max(n // 4, 1)
-    results = {
-        "bare call": per_call_us(lambda: tool(next(counter)), n, r, clock),
-        "tenacity": per_call_us(lambda: retrying(tool, next(counter)), peers, r, clock),
-        "pybreaker + tenacity": per_call_us(lambda: retrying(breaker.call, tool, next(counter)), peers, r, clock),
-        "loop-governor": per_call_us(lambda: gov.call("tool", tool, next(counter)), n, r, clock),
+    cases: dict[str, Case] = {
+        "bare call": (lambda: tool(next(counter)), n, None),
+        "tenacity": (lambda: retrying(tool, next(counter)), peers, None),
+        "pybreaker + tenacity": (lambda: retrying(breaker.call, tool, next(counter)), peers, None),
+        "loop-governor": (lambda: gov.call("tool", tool, next(counter)), n, None),
+        "in a task: lookups": (lambda: gov.call("lookup", lookup, next(counter)), n, "lookups"),
+        "in a task: batch": (lambda: gov.call("tool", tool, next(counter)), n, "batch"),
+        "in a task: identical repeats": (lambda: gov.call("stock", stock, repeat_arg()), n, "repeats"),
     }
-    with gov.task("bench-lookup"):
-        results["in a task: lookups"] = per_call_us(lambda: gov.call("lookup", lookup, next(counter)), n, r, clock)
-    with gov.task("bench-batch"):
-        results["in a task: batch"] = per_call_us(lambda: gov.call("tool", tool, next(counter)), n, r, clock)
-    with gov.task("bench-repeats"):
-        results["in a task: identical repeats"] = per_call_us(
-            lambda: gov.call("stock", stock, repeat_arg()), n, r, clock
-        )
+    results = per_call_us(gov, cases, r, clock)
     early, late = task_length(gov, args.tasks, clock)
 
     tenacity_us, pair_us = results["tenacity"], results["pybreaker + tenacity"]
-    header = f"success path ({args.clock} time, median of {r})"
+    header = f"success path ({args.clock} time, median of {r} rounds)"
     print(f"{header:48s} {'µs':>7s} {'/ tenacity':>11s} {'/ pybreaker+tenacity':>21s}")
     for name, us in results.items():
         print(f"{name:48s} {us:7.3f} {us / tenacity_us:10.2f}x {us / pair_us:20.2f}x")

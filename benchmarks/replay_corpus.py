@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from loop_governor.context.cli import replay_command
+from loop_governor.cli.replay import replay_command
 
 if __name__ == "__main__":
     typer.run(replay_command)

@@ -20,7 +20,6 @@ live in [`loop_governor`][loop_governor]; this package only maps them onto crewA
 from typing import Any
 
 import loop_governor as lg
-from crewai_governor._default import resolve_governor
 from crewai_governor.failures import GovernedToolError, GovernedToolFailure, stop_error
 from crewai_governor.hooks import GovernorHooks, Installation
 from crewai_governor.hooks import install as _install_hooks
@@ -28,6 +27,7 @@ from crewai_governor.listener import GovernorEventListener
 from crewai_governor.memory import GovernedStorage, MemoryFactory, MemoryInstallation
 from crewai_governor.resume import CrewResumeError, rebind_llm, restore_task_outputs, resume_crew
 from crewai_governor.tools import GovernedTool, govern_tool, govern_tools
+from loop_governor.adapter import resolve_governor
 
 __all__ = [
     "CrewResumeError",

@@ -29,7 +29,7 @@ from crewai.tools.tool_failure import ToolFailure, ToolFailureReason
 from pydantic import PrivateAttr
 
 import loop_governor as lg
-from loop_governor.errors import STOP_PREFIX, stop_reason
+from loop_governor.adapter import STOP_PREFIX, stop_reason
 
 __all__ = ["GovernedToolError", "GovernedToolFailure", "ensure_fatal_relay", "failure_from_error", "stop_error"]
 

@@ -48,7 +48,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from crewai.hooks.dispatch import (
     HookAborted,
@@ -66,26 +66,26 @@ from crewai.tools.tool_failure import ToolExecutionFailedError, failure_from_exc
 from crewai.utilities.string_utils import sanitize_tool_name
 
 import loop_governor as lg
-from crewai_governor._default import resolve_governor
 from crewai_governor.failures import GovernedToolError, ensure_fatal_relay, stop_error
 from crewai_governor.llm import govern_llm, is_governed_llm
 from crewai_governor.tools import GovernedTool
-from loop_governor.config import check_pruner
-from loop_governor.context.tokens import approx_tokens
-from loop_governor.conversation import links
-from loop_governor.ladder import keep_listed
-from loop_governor.scope import NAME_CHARS, RunAbandoned, readable_name
+from loop_governor.adapter import (
+    NAME_CHARS,
+    MessagePruner,
+    PrunerPool,
+    RunAbandoned,
+    approx_tokens,
+    check_pruner,
+    keep_listed,
+    links,
+    readable_name,
+    resolve_governor,
+)
 
 __all__ = ["GovernorHooks", "Installation", "MessagePruner", "install", "installed"]
 
 BLOCKED_PREFIX = "Tool execution blocked by hook"
 _MAX_RESPONSE_CHARS = 2000
-
-
-class MessagePruner(Protocol):
-    """What the hooks need from a pruner (``loop_governor.context.ContextPruner``)."""
-
-    def prune(self, messages: list[Any]) -> list[Any]: ...
 
 
 def _count_tokens(messages: list[Any]) -> int:
@@ -217,8 +217,8 @@ class GovernorHooks:
     ) -> None:
         check_pruner(pruner, pruner_factory)
         self.governor = governor
-        self._pruner = pruner
-        self._pruner_factory = pruner_factory
+        # one pruner (and one lock, since a pruner is stateful) per executor / conversation
+        self._pruners = PrunerPool(pruner, pruner_factory, weak=True)
         self._block_open_breakers = block_open_breakers
         self._govern_llms = govern_llms
         self._fallback_llms = tuple(fallback_llms)
@@ -226,11 +226,6 @@ class GovernorHooks:
         # into executors built while installed, so each hook checks this first.
         self.active = True
         self._lock = threading.Lock()
-        # one pruner (and one lock, since a pruner is stateful) per executor / conversation
-        self._pruners: weakref.WeakKeyDictionary[Any, tuple[MessagePruner, threading.Lock]] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._shared_prune_lock = threading.Lock()
         # per executor: id(pruned message) -> (pruned message, the original it replaced)
         self._swaps: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
         # per executor: id(edited prompt message) -> (original, withdrawn tools, edited), the
@@ -258,11 +253,13 @@ class GovernorHooks:
             except lg.FatalError as exc:
                 raise stop_error(exc) from exc
         self._hide_withdrawn(context)
-        pruner, lock = self._pruner_for(context)
-        if pruner is None or lock is None:
-            return
-        messages = context.messages
         owner = getattr(context, "executor", None)
+        # a direct LLM call has no executor: no conversation to keep state for
+        entry = self._pruners.pruner_for(owner)
+        if entry is None:
+            return
+        pruner, lock = entry
+        messages = context.messages
         with lock:
             # crewAI keeps the pruned list as its history; hand the pruner the originals
             # back, so it sees an unchanged prefix and only ingests the new messages.
@@ -300,7 +297,7 @@ class GovernorHooks:
         messages are copies, made once per withdrawal set and reused, so the prompt stays
         byte-identical between withdrawals. A withdrawn tool whose description the prompt
         does not hold as crewAI renders it stays listed: the ladder then refuses its calls
-        instead of ending the run (`loop_governor.ladder.keep_listed`)."""
+        instead of ending the run (`loop_governor.policies.ladder.keep_listed`)."""
         llm = getattr(context, "llm", None)
         owner = getattr(context, "executor", None)
         scope = self.governor.current_task()
@@ -356,22 +353,6 @@ class GovernorHooks:
         swaps = {id(p): (p, o) for p, o in zip(pruned, originals, strict=True) if p is not o}
         with self._lock:
             self._swaps[owner] = swaps
-
-    def _pruner_for(self, context: Any) -> tuple[MessagePruner | None, threading.Lock | None]:
-        if self._pruner is not None:
-            return self._pruner, self._shared_prune_lock
-        if self._pruner_factory is None:
-            return None, None
-        owner = getattr(context, "executor", None)
-        if owner is None:
-            # a direct LLM call with no executor: no conversation to keep state for
-            return self._pruner_factory(), threading.Lock()
-        with self._lock:
-            entry = self._pruners.get(owner)
-            if entry is None:
-                entry = (self._pruner_factory(), threading.Lock())
-                self._pruners[owner] = entry
-            return entry
 
     def after_llm_call(self, context: Any) -> None:
         if not self.active:
@@ -511,7 +492,7 @@ class GovernorHooks:
     def _swap_llms(self, owner: Any, kind: str) -> None:
         """Give the kickoff's agents (a standalone agent's executor) governed LLM copies."""
         holders = list(getattr(owner, "agents", None) or ()) if kind == "crew" else [owner]
-        compact = self._pruner is not None or self._pruner_factory is not None
+        compact = self._pruners.enabled
         swapped: list[tuple[Any, str, Any]] = []
         if kind == "crew":
             holders.append(owner)  # the crew's own function_calling_llm / manager_llm

@@ -40,9 +40,9 @@ from crewai.types.usage_metrics import UsageMetrics
 from crewai.utilities.string_utils import sanitize_tool_name
 
 import loop_governor as lg
-from crewai_governor._default import resolve_governor
 from crewai_governor.llm import governor_of_llm
 from crewai_governor.tools import GovernedStructuredTool, governor_of, is_governed_name
+from loop_governor.adapter import resolve_governor
 
 __all__ = ["GovernorEventListener"]
 

@@ -32,13 +32,16 @@ from crewai.types.usage_metrics import UsageMetrics
 from pydantic import PrivateAttr
 
 import loop_governor as lg
-from crewai_governor._default import resolve_governor
 from crewai_governor.failures import context_overflow, model_stop
-from loop_governor.compaction import is_context_overflow
-from loop_governor.context.compact import emergency_compact
-from loop_governor.context.tokens import approx_tokens
-from loop_governor.ladder import tool_offer
-from loop_governor.usage import Usage
+from loop_governor.adapter import (
+    PassThrough,
+    Usage,
+    approx_tokens,
+    emergency_compact,
+    is_context_overflow,
+    resolve_governor,
+    tool_offer,
+)
 
 __all__ = ["endpoint_of", "govern_llm", "governor_of_llm", "is_governed_llm"]
 
@@ -89,8 +92,6 @@ class _Governed:
             return self._lg_governor.call_model(spec.endpoint, spec.attempt, messages, **spec.options)
         except lg.AgentToolError as exc:
             failure = exc
-        except _Denied as denied:
-            raise denied.exc from None
         raise _outcome(failure)  # outside the except block: no implicit chain to a 429
 
     async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
@@ -100,14 +101,12 @@ class _Governed:
             return await self._lg_governor.acall_model(spec.endpoint, spec.attempt, messages, **spec.options)
         except lg.AgentToolError as exc:
             failure = exc
-        except _Denied as denied:
-            raise denied.exc from None
         raise _outcome(failure)
 
 
 def _offered(governor: lg.Governor, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keyword arguments as the ladder offers the tools once some are
-    withdrawn ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn schemas;
+    withdrawn ([`tool_offer`][loop_governor.policies.ladder.tool_offer]): without the withdrawn schemas;
     with every tool withdrawn and tool history in the conversation they stay (crewAI sends
     ``tool_choice="auto"`` itself, so a call of a withdrawn tool then ends the run)."""
     tools = kwargs.get("tools")
@@ -118,17 +117,6 @@ def _offered(governor: lg.Governor, messages: Any, kwargs: dict[str, Any]) -> di
     if offer is None or len(offer.tools) == len(tools):
         return kwargs
     return {**kwargs, "tools": offer.tools or None}  # an empty tool list is a 400 at some providers
-
-
-class _Denied(BaseException):
-    """A crewAI hook's deny (``HookAborted``, ``LLMCallBlockedError``) raised inside the
-    provider's call, carried through the governor as control flow: the user's decision,
-    not the endpoint failing, so never classified, retried or counted by its breaker
-    (a BaseException, as cancellation). ``call``/``acall`` raise the original again."""
-
-    def __init__(self, exc: Exception) -> None:
-        super().__init__()
-        self.exc = exc
 
 
 def _outcome(failure: lg.AgentToolError) -> lg.AgentToolError:
@@ -178,7 +166,9 @@ def _attempt(
         try:
             return parent(messages, *args, **kwargs)
         except (HookAborted, LLMCallBlockedError) as exc:
-            raise _Denied(exc) from None
+            # a crewAI hook's deny: the user's decision, not the endpoint failing; handed
+            # back as it came, never classified, retried or counted by its breaker
+            raise PassThrough(exc) from None
         finally:
             _CALL_USAGE.reset(token)
 
@@ -189,7 +179,9 @@ def _attempt(
         try:
             return await parent(messages, *args, **kwargs)
         except (HookAborted, LLMCallBlockedError) as exc:
-            raise _Denied(exc) from None
+            # a crewAI hook's deny: the user's decision, not the endpoint failing; handed
+            # back as it came, never classified, retried or counted by its breaker
+            raise PassThrough(exc) from None
         finally:
             _CALL_USAGE.reset(token)
 

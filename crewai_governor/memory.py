@@ -26,9 +26,8 @@ from crewai.memory.storage.backend import StorageBackend
 from crewai.memory.types import MemoryRecord, ScopeInfo
 
 import loop_governor as lg
-from crewai_governor._default import resolve_governor
 from crewai_governor.hooks import Installation
-from loop_governor.memory import Guarded, Key, MemoryGuard
+from loop_governor.adapter import Guarded, Key, MemoryGuard, resolve_governor
 
 __all__ = ["GovernedStorage", "MemoryFactory", "MemoryInstallation", "builtin_storage"]
 

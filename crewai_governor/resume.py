@@ -38,7 +38,7 @@ from crewai.tasks.output_format import OutputFormat
 from crewai.tasks.task_output import TaskOutput
 
 import loop_governor as lg
-from loop_governor.checkpoint import CheckpointStore, TaskCheckpoint, checkpoint_store_from_url
+from loop_governor.adapter import CheckpointStore, TaskCheckpoint, checkpoint_store_from_url
 
 __all__ = ["CrewResumeError", "rebind_llm", "restore_task_outputs", "resume_crew"]
 

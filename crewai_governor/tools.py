@@ -37,9 +37,8 @@ from crewai.utilities.string_utils import sanitize_tool_name
 from pydantic import PrivateAttr
 
 import loop_governor as lg
-from crewai_governor._default import resolve_governor
 from crewai_governor.failures import GovernedToolError, ensure_fatal_relay, failure_from_error, raise_governed
-from loop_governor.config import check_tool_list, not_a_tool
+from loop_governor.adapter import check_tool_list, not_a_tool, resolve_governor
 
 __all__ = [
     "GovernedStructuredTool",

@@ -5,7 +5,6 @@ calls, checkpoints) lives in [`loop_governor`][loop_governor]; this package only
 LangChain's extension points.
 """
 
-from langchain_governor._pruning import MessagePruner
 from langchain_governor.callbacks import GovernorCallbackHandler
 from langchain_governor.errors import GovernedFatalError
 from langchain_governor.journal import ToolCallJournal, ToolJournalMiddleware
@@ -13,6 +12,7 @@ from langchain_governor.memory import GovernedChatMessageHistory, make_pre_model
 from langchain_governor.middleware import GovernorMiddleware, GovernorState
 from langchain_governor.store import GovernedStore
 from langchain_governor.tools import GovernedTool, GovernedToolError, govern_tool, govern_tools
+from loop_governor.adapter import MessagePruner
 
 __all__ = [
     "GovernedChatMessageHistory",

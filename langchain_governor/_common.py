@@ -20,32 +20,10 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphBubbleUp, is_invalid_resume
 
 import loop_governor as lg
+from loop_governor.adapter import PassThrough
 
 STATE_TASK_KEY = "governor_task_id"
 """Graph-state key where the middleware keeps a generated task id (runs without a thread_id)."""
-
-
-def resolve_governor(governor: lg.Governor | None) -> lg.Governor:
-    """``governor`` or the core's process-wide default (shared breakers for every adapter).
-
-    Anything else fails here, at construction, naming the parameter: a ``GovernorConfig``
-    passed where the governor goes would otherwise fail only at the first invoke."""
-    if governor is None:
-        return lg.default_governor()
-    if not isinstance(governor, lg.Governor):
-        hint = " (build one: governor=lg.Governor(config))" if isinstance(governor, lg.GovernorConfig) else ""
-        raise TypeError(f"governor must be a loop_governor.Governor or None, not {type(governor).__name__}{hint}")
-    return governor
-
-
-class Interrupted:
-    """A LangGraph control-flow exception (interrupt, parent command) carried *through*
-    the governor: it is not a tool failure, so it must reach LangGraph unclassified."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
 
 
 def is_control_flow(exc: BaseException) -> bool:
@@ -55,21 +33,16 @@ def is_control_flow(exc: BaseException) -> bool:
     return isinstance(exc, GraphBubbleUp) or is_invalid_resume(exc)
 
 
-def carry(exc: BaseException) -> Interrupted:
-    """Carry a LangGraph control-flow exception through the governor as a value; a
-    governed tool's fatal stop (also a ``GraphBubbleUp``) is re-raised instead, so the
-    governor records it as the fatal failure it is."""
+def handed_back(exc: Exception) -> PassThrough:
+    """A LangGraph control-flow exception handed back through the governor as it came
+    ([`PassThrough`][loop_governor.adapter.PassThrough]): never the call's failure, nor its
+    success (an interrupt answered no question of the tool's: a half-open breaker's
+    probe is handed back, the task's world does not move on). A governed tool's fatal stop
+    (also a ``GraphBubbleUp``) is re-raised instead, so the governor records it as the
+    fatal failure it is."""
     if isinstance(exc, lg.FatalError):
         raise exc
-    return Interrupted(exc)
-
-
-def passthrough(value: Any) -> Any:
-    """Re-raise a control-flow exception that [`Interrupted`][langchain_governor._common.Interrupted] carried
-    through."""
-    if isinstance(value, Interrupted):
-        raise value.exc
-    return value
+    return PassThrough(exc)
 
 
 def thread_id_of(config: Mapping[str, Any] | None) -> str | None:

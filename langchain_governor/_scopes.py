@@ -4,7 +4,7 @@ A governor task (budgets, known-bad calls, the repeated-error guard, ``max_steps
 cover every model and tool call of one agent run. LangGraph runs each node in its own
 copy of the context, so a ``with governor.task(...)`` opened inside one node is gone in
 the next, and leaving it ends the task (the store forgets the task's state). So the
-adapter keeps one live [`loop_governor.TaskScope`][loop_governor.scope.TaskScope] per task id, entered once in a
+adapter keeps one live [`loop_governor.TaskScope`][loop_governor.task.TaskScope] per task id, entered once in a
 context of its own, attaches it to each node while that node runs, and ends it when the
 run ends:
 
@@ -46,7 +46,7 @@ from typing import Any
 from langgraph.errors import GraphRecursionError
 
 import loop_governor as lg
-from loop_governor.scope import RunAbandoned
+from loop_governor.adapter import RunAbandoned
 
 __all__ = ["LiveTasks", "RunAbandoned", "RunInfo"]
 

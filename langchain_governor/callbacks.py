@@ -28,7 +28,8 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
 import loop_governor as lg
-from langchain_governor._common import openai_messages, resolve_governor, usage_fields
+from langchain_governor._common import openai_messages, usage_fields
+from loop_governor.adapter import resolve_governor
 
 PREVIEW_CHARS = 500
 

@@ -28,8 +28,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
 import loop_governor as lg
-from loop_governor.classify import retried_by_class
-from loop_governor.redaction import redact_obj
+from loop_governor.adapter import redact_obj, retried_by_class
 
 __all__ = ["GovernedFatalError", "GovernedToolError", "fatal_stop", "model_error", "tool_error"]
 

@@ -47,7 +47,7 @@ from langgraph.types import Command
 
 import loop_governor as lg
 from langchain_governor._common import state_value, thread_id_of
-from loop_governor.checkpoint import (
+from loop_governor.adapter import (
     CheckpointConflictError,
     CheckpointSerializationError,
     CheckpointStore,

@@ -26,8 +26,8 @@ from langchain_core.runnables import RunnableConfig
 
 import loop_governor as lg
 from langchain_governor._common import state_value, thread_id_of
-from langchain_governor._pruning import MessagePruner, PrunerPool
 from langchain_governor.middleware import emit_pruning
+from loop_governor.adapter import MessagePruner, PrunerPool
 
 
 def make_pre_model_hook(

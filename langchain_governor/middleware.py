@@ -60,20 +60,25 @@ from langchain_governor._common import (
     STATE_TASK_KEY,
     first_request,
     new_task_id,
-    resolve_governor,
     state_value,
     thread_id_of,
 )
-from langchain_governor._pruning import MessagePruner, PrunerPool
 from langchain_governor._scopes import LiveTasks, RunInfo
 from langchain_governor.errors import GovernedFatalError, GovernedToolError, answerable, fatal_stop, model_error
 from langchain_governor.models import ModelCopies, describe, prompt_tokens, usage_of_response
 from langchain_governor.tools import SURFACING, GovernedTool, govern_tool
-from loop_governor.call import PassThrough
-from loop_governor.config import check_pruner
-from loop_governor.context.compact import emergency_compact
-from loop_governor.conversation import not_run_text, pending_tool_calls, stop_text
-from loop_governor.ladder import tool_offer
+from loop_governor.adapter import (
+    MessagePruner,
+    PassThrough,
+    PrunerPool,
+    check_pruner,
+    emergency_compact,
+    not_run_text,
+    pending_tool_calls,
+    resolve_governor,
+    stop_text,
+    tool_offer,
+)
 
 
 class GovernorState(AgentState[Any]):
@@ -377,7 +382,7 @@ class GovernorMiddleware(AgentMiddleware[GovernorState, Any, Any]):
 
     def _without_withdrawn(self, request: ModelRequest[Any], scope: Any) -> ModelRequest[Any]:
         """The request as the ladder offers it once tools are withdrawn
-        ([`tool_offer`][loop_governor.ladder.tool_offer]): without the withdrawn tools; with every
+        ([`tool_offer`][loop_governor.policies.ladder.tool_offer]): without the withdrawn tools; with every
         tool withdrawn and tool history in the conversation, the tools stay defined and an
         OpenAI model is told ``tool_choice="none"``."""
         offer = tool_offer(scope, request.tools, request.messages)

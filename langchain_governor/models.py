@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
 from langchain_governor._common import last_ai_message, model_name, openai_messages
-from loop_governor.usage import Usage, usage_of
+from loop_governor.adapter import Usage, usage_of
 
 _CLIENTS = (("root_client", "client"), ("root_async_client", "async_client"))
 

@@ -22,8 +22,7 @@ from typing import Any
 from langgraph.store.base import BaseStore, Op, PutOp, Result
 
 import loop_governor as lg
-from langchain_governor._common import resolve_governor
-from loop_governor.memory import Guarded, Key, MemoryGuard
+from loop_governor.adapter import Guarded, Key, MemoryGuard, resolve_governor
 
 __all__ = ["GovernedStore"]
 

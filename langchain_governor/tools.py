@@ -54,19 +54,17 @@ from pydantic import ConfigDict, Field, PrivateAttr
 import loop_governor as lg
 from langchain_governor._common import (
     accepts_param,
-    carry,
     config_param,
     graph_task_id,
+    handed_back,
     in_tool_node,
     is_control_flow,
     key_args,
-    passthrough,
-    resolve_governor,
     tool_message_from_record,
     tool_message_record,
 )
 from langchain_governor.errors import GovernedFatalError, GovernedToolError, fatal_stop, tool_error
-from loop_governor.config import check_tool_list, not_a_tool
+from loop_governor.adapter import check_tool_list, not_a_tool, resolve_governor
 
 __all__ = ["GovernedTool", "GovernedToolError", "govern_tool", "govern_tools"]
 
@@ -291,11 +289,11 @@ class GovernedTool(BaseTool):
                 return tool_message_record(inner_run(*args, **call_kwargs))
             except Exception as exc:
                 if is_control_flow(exc):
-                    return carry(exc)
+                    raise handed_back(exc) from None
                 raise
 
         try:
-            value = passthrough(self.governor.call(self.name, attempt, key))
+            value = self.governor.call(self.name, attempt, key)
         except lg.AgentToolError as exc:
             self._raise_failure(exc, outcome_key, surfaced)
         return tool_message_from_record(value, _TOOL_CALL_ID.get())
@@ -324,11 +322,11 @@ class GovernedTool(BaseTool):
                 return tool_message_record(await inner_arun(*args, **call_kwargs))
             except Exception as exc:
                 if is_control_flow(exc):
-                    return carry(exc)
+                    raise handed_back(exc) from None
                 raise
 
         try:
-            value = passthrough(await self.governor.acall(self.name, attempt, key))
+            value = await self.governor.acall(self.name, attempt, key)
         except lg.AgentToolError as exc:
             self._raise_failure(exc, outcome_key, surfaced)
         return tool_message_from_record(value, _TOOL_CALL_ID.get())

@@ -37,14 +37,16 @@ from loop_governor.fingerprint import (
     result_text,
 )
 from loop_governor.keys import call_key
+from loop_governor.reasons import StopReason as StopReason
 from loop_governor.scope_vars import _CALL_META
 
 if TYPE_CHECKING:
-    from loop_governor.breaker import Admission
     from loop_governor.classify import ErrorInfo
     from loop_governor.config import ResolvedPolicy
     from loop_governor.errors import AgentToolError
-    from loop_governor.scope import TaskScope
+    from loop_governor.runtime import Runtime
+    from loop_governor.state.breaker import Admission
+    from loop_governor.task import TaskScope
     from loop_governor.usage import Usage
 
 TOOL = "tool"
@@ -131,8 +133,8 @@ class Call:
     admission: Admission | None = None  # the breaker's verdict on the attempt in flight
     info: ErrorInfo | None = None  # the last failed attempt's classification
     exc: BaseException | None = None  # ... and its exception
-    stop_reason: str | None = None  # why the retry loop ended
-    veto: str | None = None  # a policy's reason to retry no more
+    stop_reason: StopReason | None = None  # why the call ended short of its answer
+    veto: StopReason | None = None  # a policy's reason to retry no more
     pending: str | None = None  # work the next attempt must do first ("compact")
     compacted = False
     throttles = 0  # failed attempts that were throttles/overloads waited out (not counted as attempts)
@@ -336,7 +338,7 @@ class Refused(Exception):
     call's outcome; on a retry the call ends with its last failure, ``reason`` saying why.
     Internal: it never escapes the governor."""
 
-    def __init__(self, reason: str, error: AgentToolError | None = None) -> None:
+    def __init__(self, reason: StopReason, error: AgentToolError | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
@@ -348,6 +350,11 @@ class Policy:
     kinds: ClassVar[frozenset[str]] = frozenset({TOOL, MODEL})
     in_task_only: ClassVar[bool] = True  # most policies keep per-task state
     listeners_only: ClassVar[bool] = False  # True: only needed while someone listens to events
+
+    @classmethod
+    def applies(cls, rt: Runtime) -> bool:
+        """Whether this governor's chain needs the policy at all (its config uses it)."""
+        return True
 
     def before(self, call: Call) -> Resumed | None:
         return None
@@ -365,6 +372,11 @@ class AttemptPolicy:
     kinds: ClassVar[frozenset[str]] = frozenset({TOOL, MODEL})
     first_attempt: ClassVar[bool] = True  # False: ``before_attempt`` only matters for retries
     rated_only: ClassVar[bool] = False  # True: only calls with a rate limit need this policy
+
+    @classmethod
+    def applies(cls, rt: Runtime) -> bool:
+        """Whether this governor's chain needs the policy at all (its config uses it)."""
+        return True
 
     def before_attempt(self, call: Call) -> float:
         """Seconds to wait before asking again (0: go ahead); raise [`Refused`][loop_governor.call.Refused] to

@@ -34,6 +34,7 @@ from loop_governor.call import (
     Policy,
     Refused,
     Resumed,
+    StopReason,
     overrides,
     programming_error,
 )
@@ -122,6 +123,10 @@ class Chain:
                 ]
                 steps = [a for a in attempts if kind in a.kinds and (rated or not a.rated_only)]
                 self._plans[kind, in_task, rated, heard] = Plan(chosen, steps)
+
+    def plan_of(self, kind: str, in_task: bool, rated: bool, heard: bool) -> Plan:
+        """The moments of one kind of call (the Governor checks its fast path against them)."""
+        return self._plans[kind, in_task, rated, heard]
 
     def plan(self, call: Call) -> Plan:
         """The moments for this kind of call: inside a task or not, with a rate limit or
@@ -398,7 +403,7 @@ class Chain:
         call.compacted = True
         call.upcoming = None
         if compacted is None:
-            raise Refused("compaction")  # nothing left to cut: the context error stands
+            raise Refused(StopReason.COMPACTION)  # nothing left to cut: the context error stands
         call.args = _as_args(compacted)
         self.rt.events.emit("compaction", model=call.name)
 

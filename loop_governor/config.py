@@ -25,8 +25,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from loop_governor.breaker import BreakerPolicy
 from loop_governor.errors import ErrorFormat
+from loop_governor.state.breaker import BreakerPolicy
 
 ErrorClass = Literal["transient", "permanent", "fatal"]
 
@@ -199,7 +199,7 @@ class ResolvedPolicy:
         self.poll: bool = tool is not None and tool.poll
         self.max_calls: int | None = None if tool is None else tool.max_calls
         self.max_wall: float | None = None if tool is None else tool.max_wall_s
-        # a poll's bounds hold per job (loop_governor.polls), not per tool
+        # a poll's bounds hold per job (loop_governor.policies.polls), not per tool
         self.poll_calls: int = POLL_MAX_CALLS
         self.poll_wall: float = POLL_MAX_WALL_S
         if self.poll:

@@ -502,7 +502,8 @@ _POSITIONS = tuple(f"[{i}]" for i in range(16))
 def says_only(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
     """Whether a call's arguments are nothing but free text (``think(thought=...)``,
     ``log_note(note=...)``): it says something, it acts on nothing (see
-    [`loop_governor.fixes`][loop_governor.fixes]). A call without arguments acts (``press_brake()``)."""
+    [`loop_governor.policies.fixes`][loop_governor.policies.fixes]). A call without arguments acts
+    (``press_brake()``)."""
     leaves = _leaves(args, kwargs)
     return bool(leaves) and all(role == CONTENT and isinstance(v, str) for role, _, v in leaves)
 

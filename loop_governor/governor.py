@@ -22,31 +22,22 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from loop_governor import budget, checkpointing, report
-from loop_governor.breaker import ADMIT, Admission, Breaker, BreakerPolicy, BreakerState
 from loop_governor.call import MODEL, TOOL, Call, ModelOptions, PassThrough
 from loop_governor.chain import Chain
-from loop_governor.checkpointing import Checkpointing, RunStop
 from loop_governor.classify import ErrorInfo, Rule
-from loop_governor.compaction import Compaction
 from loop_governor.config import GovernorConfig, ResolvedPolicy
-from loop_governor.cycles import Cycles
 from loop_governor.errors import AgentToolError, CircuitOpenError, FatalError, GovernedError
-from loop_governor.escalation import Escalation
 from loop_governor.events import Subscriber, call_context
-from loop_governor.known_bad import KnownBad, World
-from loop_governor.ladder import Withdrawn
 from loop_governor.outcome import circuit_open
-from loop_governor.polls import Polls
-from loop_governor.progress import NoProgress
-from loop_governor.ratelimit import RateLimit
+from loop_governor.policies import budget, checkpointing, report
+from loop_governor.policies.breaker import Breaker
+from loop_governor.policies.order import DEFAULT_ATTEMPT_ORDER, DEFAULT_ORDER
 from loop_governor.redaction import mask_url
-from loop_governor.repeats import RepeatedErrors
-from loop_governor.report import Failures, Report
 from loop_governor.runtime import Runtime
-from loop_governor.scope import TaskScope, call_key
 from loop_governor.scope_vars import _SCOPE
+from loop_governor.state.breaker import ADMIT, Admission, BreakerPolicy, BreakerState
 from loop_governor.stores import Store, store_from_url
+from loop_governor.task import TaskScope, call_key
 from loop_governor.usage import Usage
 
 if TYPE_CHECKING:
@@ -86,6 +77,28 @@ def _config_of(config: object) -> GovernorConfig:
     raise TypeError(
         f"config must be a loop_governor.GovernorConfig, a mapping of its settings or None, not {type(config).__name__}"
     )
+
+
+def _check_fast_path(chain: Chain) -> None:
+    """`Governor.call` runs a tool outside a task (no rate limit, nobody listening) as one
+    breaker admission and the call, past the chain. That is only right while the chain
+    has nothing else to do there: no ``before`` moment, and the breaker as the only step
+    before and after the first attempt. A policy that breaks this (a ``before`` that works
+    outside a task, say) fails here, at construction, instead of being skipped unseen."""
+    plan = chain.plan_of(TOOL, in_task=False, rated=False, heard=False)
+    moments = {
+        "before": (plan.before, ()),
+        "before_attempt (first attempt)": (plan.before_first, (Breaker,)),
+        "after_attempt_success": (plan.after_attempt_success, (Breaker,)),
+    }
+    for moment, (hooks, allowed) in moments.items():
+        owners = tuple(type(getattr(hook, "__self__", None)) for hook in hooks)
+        if owners != allowed:
+            names = ", ".join(cls.__name__ for cls in owners if cls not in allowed)
+            raise TypeError(
+                f"{names}: a {moment} moment outside a task, which Governor.call's fast path skips; "
+                "set in_task_only (or rated_only / listeners_only) on the policy, or teach the fast path"
+            )
 
 
 def _check_callable(name: str, value: object) -> None:
@@ -148,34 +161,16 @@ class Governor:
             self.lens = trace.install(self, path=config.trace_path)
 
     def _compose(self) -> Chain:
-        """The chain of policies, in order: ``before`` runs first to last, and so do
-        ``after_success`` and ``after_failure``. Policies with nothing to do are left out.
-
-        The rate limit comes first among the attempt policies: a call it holds back or
-        refuses must not hold the breaker's one half-open probe, nor have spent a unit of
-        the task's retry budget (the old combined Redis admission took neither)."""
+        """The chain of policies, in [`DEFAULT_ORDER`][loop_governor.policies.order.DEFAULT_ORDER]
+        (policies with nothing to do left out), checked against what `call`'s fast path skips."""
         rt = self.rt
-        resume = [Checkpointing(rt)] if rt.checkpoints is not None else []
-        return Chain(
+        chain = Chain(
             rt,
-            [
-                Report(rt),
-                *resume,
-                Withdrawn(rt),
-                KnownBad(rt),
-                budget.TaskBudget(rt),
-                budget.TokenBudget(rt),
-                *([Polls(rt)] if any(t.poll for t in rt.config.tools.values()) else []),
-                RepeatedErrors(rt),
-                Escalation(rt),
-                NoProgress(rt),
-                *([Cycles(rt)] if rt.config.cycle_detection else []),
-                World(),
-                Failures(rt),  # the failure as the model reads it, once every policy shaped it
-                RunStop(rt),  # last: whatever stopped the run, its checkpoint is saved
-            ],
-            [RateLimit(rt), Breaker(rt), budget.RetryBudget(rt), Compaction()],
+            [cls(rt) for cls in DEFAULT_ORDER if cls.applies(rt)],  # type: ignore[call-arg]
+            [cls(rt) for cls in DEFAULT_ATTEMPT_ORDER if cls.applies(rt)],  # type: ignore[call-arg]
         )
+        _check_fast_path(chain)
+        return chain
 
     # -- the governed calls --------------------------------------------------------------
 
@@ -279,7 +274,7 @@ class Governor:
         one that finished starts over (``resume=True``: resume it anyway; ``False``:
         always start over). ``name`` is what log lines and the report call the task
         (default: its id; a generated id is no name, so give one). See
-        [`TaskScope`][loop_governor.scope.TaskScope]."""
+        [`TaskScope`][loop_governor.task.TaskScope]."""
         if resume is not None and not isinstance(resume, bool):
             raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
         if name is not None and not isinstance(name, str):

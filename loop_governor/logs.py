@@ -36,6 +36,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from loop_governor.reasons import StopReason
 from loop_governor.redaction import redact
 
 logger = logging.getLogger("loop_governor")
@@ -96,13 +97,13 @@ def _retry(e: Mapping[str, Any]) -> Line:
 
 
 # why a failed call's retries ended (``Call.stop_reason``), for the line saying so
-_GAVE_UP = {
-    "attempts": "retries exhausted after {n}",
-    "retry_after": "gave up after {n}: the service asked for a longer wait than the retries may take",
-    "wait": "gave up after {n}: waiting on would pass the call's wait limit",
-    "breaker": "gave up after {n}: its circuit breaker opened",
-    "budget": "gave up after {n}: the task's retry budget is spent",
-    "compaction": "gave up after {n}: the prompt cannot be cut any shorter",
+_GAVE_UP: dict[str, str] = {
+    StopReason.ATTEMPTS: "retries exhausted after {n}",
+    StopReason.RETRY_AFTER: "gave up after {n}: the service asked for a longer wait than the retries may take",
+    StopReason.WAIT: "gave up after {n}: waiting on would pass the call's wait limit",
+    StopReason.BREAKER: "gave up after {n}: its circuit breaker opened",
+    StopReason.BUDGET: "gave up after {n}: the task's retry budget is spent",
+    StopReason.COMPACTION: "gave up after {n}: the prompt cannot be cut any shorter",
 }
 
 # a refusal's reason -> what the governor did instead of calling
@@ -114,7 +115,10 @@ _REFUSED = {
 
 
 # why a call was refused before any attempt, by its stop reason (the flagged refusals above aside)
-_NOT_MADE = {"poll_bound": "its polled job reached its bound", "budget": "the task's retry budget is spent"}
+_NOT_MADE: dict[str, str] = {
+    StopReason.POLL_BOUND: "its polled job reached its bound",
+    StopReason.BUDGET: "the task's retry budget is spent",
+}
 
 
 def _refusal(tool: str, reason: Any, e: Mapping[str, Any]) -> Line:

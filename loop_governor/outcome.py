@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from loop_governor.call import MODEL
+from loop_governor.call import MODEL, StopReason
 from loop_governor.errors import (
     AgentToolError,
     CircuitOpenError,
@@ -22,9 +22,9 @@ from loop_governor.errors import (
 )
 
 if TYPE_CHECKING:
-    from loop_governor.breaker import Admission
     from loop_governor.call import Call
     from loop_governor.classify import ErrorInfo
+    from loop_governor.state.breaker import Admission
 
 _FATAL_ADVICE = "the run cannot continue: credentials, billing or quota must be fixed by an operator"
 
@@ -66,15 +66,15 @@ def advice(kind: str, name: str, info: ErrorInfo, reason: str | None, attempts: 
             )
         return f"repeated unchanged, this call to {name} fails the same way; change the arguments or use another tool"
     rest = _elsewhere(kind, name)
-    if reason == "budget":
+    if reason is StopReason.BUDGET:
         return f"the retry budget of this task is spent; do not call {name} again now; " + (
             "retry the task later" if kind == MODEL else "continue without it or report"
         )
-    if reason == "retry_after" and info.retry_after is not None:
+    if reason is StopReason.RETRY_AFTER and info.retry_after is not None:
         return f"{name} asked for a pause of {info.retry_after:.0f}s; {rest}"
-    if reason == "breaker":
+    if reason is StopReason.BREAKER:
         return f"{name} is unavailable (circuit open); {rest}"
-    if reason == "wait":
+    if reason is StopReason.WAIT:
         return f"{name} kept throttling the request for longer than the call may wait; {rest}"
     return f"{name} failed {attempts} times in a row; {rest}"
 

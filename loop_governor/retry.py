@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import RetryCallState, retry_if_exception
 
-from loop_governor.call import Call, Refused
+from loop_governor.call import Call, Refused, StopReason
 from loop_governor.errors import ErrorType
 
 if TYPE_CHECKING:
@@ -118,17 +118,18 @@ class RetryLoop:
             self._counted = state.attempt_number  # once per attempt, whichever asks first
             call.throttles += 1  # a turn waited for is not an attempt
         if call.attempt - int(call.compacted) - call.throttles >= policy.max_attempts:
-            call.stop_reason = "attempts"
+            call.stop_reason = StopReason.ATTEMPTS
             return True
         if call.waits_out_throttle:
             if self._delay(state) > call.wait_left:
                 # Waiting out this throttle would pass the call's wait limit: hand back now.
                 asked = info.retry_after if info is not None else None
-                call.stop_reason = "retry_after" if asked is not None and asked > call.wait_left else "wait"
+                longer = asked is not None and asked > call.wait_left
+                call.stop_reason = StopReason.RETRY_AFTER if longer else StopReason.WAIT
                 return True
         elif info is not None and info.retry_after is not None and info.retry_after > policy.max_delay:
             # The service asked for a longer pause than we may wait: hand back now.
-            call.stop_reason = "retry_after"
+            call.stop_reason = StopReason.RETRY_AFTER
             return True
         if call.veto is not None:
             call.stop_reason = call.veto

@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loop_governor.scope import TaskScope
+    from loop_governor.task import TaskScope
 
 _SCOPE: ContextVar[TaskScope | None] = ContextVar("loop_governor_task", default=None)
 # Framework facts about the call in flight (e.g. LangChain's tool_call_id) for its events.

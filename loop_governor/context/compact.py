@@ -5,7 +5,8 @@ the cache-aware batching of [`ContextPruner`][loop_governor.context.pruner.Conte
 protect: a one-off pruner with the tightest settings stubs every old tool result and
 tool-call argument, trims old prose and huge fresh results, and keeps the system
 prompt, the first user message, pinned messages and every tool-call/result pair intact.
-The governed model call retries once on the result (see [`loop_governor.compaction`][loop_governor.compaction]).
+The governed model call retries once on the result (see
+[`loop_governor.policies.compaction`][loop_governor.policies.compaction]).
 """
 
 from __future__ import annotations

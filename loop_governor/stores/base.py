@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from loop_governor.breaker import Admission, BreakerPolicy, BreakerRecord, BreakerState, Transition
-from loop_governor.ratelimit import Bucket, State
+from loop_governor.state.breaker import Admission, BreakerPolicy, BreakerRecord, BreakerState, Transition
+from loop_governor.state.bucket import Bucket, State
 
 Clock = Callable[[], float]
 
@@ -75,13 +75,13 @@ class Store(Protocol):
 
     def rate_acquire(self, tool: str, rate_per_s: float, burst: float, now: float) -> float:
         """Take one token from the tool's bucket: 0.0 if admitted, else seconds to wait
-        (nothing taken). See [`loop_governor.ratelimit.take_token`][loop_governor.ratelimit.take_token]."""
+        (nothing taken). See [`loop_governor.state.bucket.take_token`][loop_governor.state.bucket.take_token]."""
         ...
 
     def rate_acquire_all(self, buckets: Sequence[Bucket], now: float) -> float:
         """Take each ``(key, rate_per_s, burst, cost)`` bucket's cost, all or nothing, in
         one atomic step: 0.0 if admitted, else seconds to wait (nothing taken). See
-        [`loop_governor.ratelimit.take_all`][loop_governor.ratelimit.take_all]."""
+        [`loop_governor.state.bucket.take_all`][loop_governor.state.bucket.take_all]."""
         ...
 
     # -- per-task state --

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TypeVar
 
-from loop_governor.breaker import (
+from loop_governor.state.breaker import (
     ADMIT,
     ADMIT_DIRTY,
     Admission,
@@ -27,7 +27,7 @@ from loop_governor.breaker import (
     force,
     record,
 )
-from loop_governor.ratelimit import Bucket, State, take_all
+from loop_governor.state.bucket import Bucket, State, take_all
 from loop_governor.stores.base import BreakerStatus, Clock, rebase
 
 _CLOSED = BreakerState.CLOSED

@@ -2,8 +2,8 @@
 
 Every state change is one Lua script, so a transition is atomic across the fleet:
 exactly one caller moves an open breaker to half-open and gets the probe. The scripts
-mirror [`loop_governor.breaker`][loop_governor.breaker] line by line (a differential test runs both on random
-operation sequences); the pure Python functions remain the specification.
+mirror [`loop_governor.state.breaker`][loop_governor.state.breaker] line by line (a differential test runs both
+on random operation sequences); the pure Python functions remain the specification.
 
 Hot path: a closed breaker is admitted in one round trip (one HMGET), and the clock is
 read only when the breaker is not closed (then the admit script decides). A success
@@ -65,7 +65,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the redis store needs redis-py: pip install 'loop-governor[redis]'") from exc
 
-from loop_governor.breaker import (
+from loop_governor.redaction import mask_url as _mask_url
+from loop_governor.redaction import redact, refuse_ambiguous_password
+from loop_governor.state.breaker import (
     ADMIT,
     ADMIT_DIRTY,
     Admission,
@@ -75,9 +77,7 @@ from loop_governor.breaker import (
     Transition,
     force,
 )
-from loop_governor.ratelimit import Bucket
-from loop_governor.redaction import mask_url as _mask_url
-from loop_governor.redaction import redact, refuse_ambiguous_password
+from loop_governor.state.bucket import Bucket
 from loop_governor.stores.base import BreakerStatus, Clock, StoreConfigError
 from loop_governor.stores.memory import MemoryStore
 from loop_governor.stores.redis_url import RedisTarget, parse_redis_url
@@ -253,7 +253,7 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return v
 """
 
-# Token buckets, all or nothing (loop_governor.ratelimit.take_all): every bucket is
+# Token buckets, all or nothing (loop_governor.state.bucket.take_all): every bucket is
 # refilled; if each holds its cost (capped at its burst) all are debited their whole cost
 # (a bucket may go into debt), else none is and the longest wait is returned. A clock
 # that steps back neither refills nor freezes the bucket (its stamp moves to now). A key

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from loop_governor.breaker import (
+from loop_governor.state.breaker import (
     Admission,
     BreakerPolicy,
     BreakerRecord,
@@ -21,7 +21,7 @@ from loop_governor.breaker import (
     force,
     record,
 )
-from loop_governor.ratelimit import Bucket, State, take_all
+from loop_governor.state.bucket import Bucket, State, take_all
 from loop_governor.stores.base import BreakerStatus, Clock, rebase
 
 _SCHEMA = """

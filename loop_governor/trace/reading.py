@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from loop_governor.reasons import StopReason
+
 # What became of a tool call (a `tool_call` event), by the flags the governor set on it.
 OK = "ok"
 FAILED = "failed"
@@ -48,9 +50,9 @@ def call_outcome(event: Mapping[str, Any]) -> str:
         return REFUSED_BREAKER
     if event.get("rate_limited"):
         return REFUSED_RATE_LIMIT
-    if event.get("stop_reason") == "withdrawn":
+    if event.get("stop_reason") == StopReason.WITHDRAWN:
         return REFUSED_WITHDRAWN
-    if event.get("stop_reason") == "poll_bound":
+    if event.get("stop_reason") == StopReason.POLL_BOUND:
         return REFUSED_POLL_BOUND
     if event.get("status") == "ok":
         return OK

@@ -186,7 +186,7 @@ def test_cli_rejects_an_unknown_framework_policy_or_calibration(tmp_path: Path) 
 
 def test_importing_the_core_and_cli_loads_no_agent_framework() -> None:
     code = (
-        "import sys, loop_governor, loop_governor.cli, loop_governor.bench.cli, loop_governor.bench.world;"
+        "import sys, loop_governor, loop_governor.cli, loop_governor.cli.bench, loop_governor.bench.world;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'langchain', 'langgraph', 'crewai'});"
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -145,7 +145,7 @@ def test_ls_shows_a_corrupt_long_id_checkpoint(store_url: str, tmp_path: Path) -
 def test_ls_never_prints_the_store_password(monkeypatch: pytest.MonkeyPatch) -> None:
     # Regression: the table title showed the raw --store URL, password included.
     from loop_governor.checkpoint import MemoryCheckpointStore
-    from loop_governor.checkpoint import cli as checkpoint_cli
+    from loop_governor.cli import checkpoints as checkpoint_cli
 
     backend = MemoryCheckpointStore()
     backend.save(TaskCheckpoint(task_id="t"))

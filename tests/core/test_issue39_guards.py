@@ -66,6 +66,26 @@ def test_a_failing_call_with_anything_succeeding_in_between_is_stopped(clock: Vi
     assert stop.value.info.code == "repeated_failure"
 
 
+@pytest.mark.parametrize("tool", ["think", "log_note", "search_kb"])
+def test_a_failure_returned_as_text_with_a_think_between_is_stopped(clock: VirtualClock, tool: str) -> None:
+    """A tool that returns its error instead of raising it (many LangChain tools do): the same
+    answer to the same call, a ``think`` between. The ``think`` says something and changes
+    nothing, so it does not hand the withdrawn tool back."""
+    gov = governor(clock)
+    calls = 0
+
+    def fetch_doc(name: str) -> str:
+        nonlocal calls
+        calls += 1
+        return f"Error: HTTP 404: no document named {name}"
+
+    with gov.task("t"), pytest.raises(lg.NoProgressError) as stop:
+        for i in range(100):
+            gov.call(tool, lambda **kw: "", thought=f"maybe it is there now ({i})")
+            gov.call("fetch_doc", fetch_doc, "refunds-2019.pdf")
+    assert calls == 4 and stop.value.info.code == "no_progress"
+
+
 def test_the_critic_loop_with_revised_drafts_is_stopped(clock: VirtualClock) -> None:
     gov = governor(clock)
     reviews: list[str] = []

@@ -18,7 +18,7 @@ import pytest
 from lg_testing import Backend, HTTPError, VirtualClock
 
 import loop_governor as lg
-from loop_governor.ladder import offered
+from loop_governor.policies.ladder import offered
 
 SECRET = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789ABCD"
 

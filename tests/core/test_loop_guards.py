@@ -6,7 +6,7 @@ import pytest
 from lg_testing import Backend, VirtualClock
 
 import loop_governor as lg
-from loop_governor.progress import ProgressGuard
+from loop_governor.policies.progress import ProgressGuard
 
 VERDICT = "The draft still lacks citations for claims 2 and 5; revise and resubmit."
 
@@ -96,7 +96,7 @@ def test_progress_guard_annotates_message_like_results() -> None:
     guard = ProgressGuard()
     verdicts = [guard.observe("critic", VERDICT) for _ in range(5)]  # the same question, or none given
     assert [v.action for v in verdicts] == ["ok", "ok", "warn", "repeat", "stop"]
-    from loop_governor.progress import annotate
+    from loop_governor.policies.ladder import annotate
 
     original = Msg("x")
     assert annotate(original, "note").content == "x\n\nnote" and original.content == "x"

@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 import loop_governor as lg
-from loop_governor.breaker import BreakerPolicy
 from loop_governor.checkpoint import FileCheckpointStore, TaskCheckpoint
 from loop_governor.cli import app
+from loop_governor.state.breaker import BreakerPolicy
 from loop_governor.stores.sqlite import SQLiteStore
 from loop_governor.terminal import cell, printable
 

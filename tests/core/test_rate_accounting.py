@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lg_testing import VirtualClock
 
 import loop_governor as lg
-from loop_governor.ratelimit import take_all
+from loop_governor.state.bucket import take_all
 
 
 def answer(_prompt: object) -> dict[str, object]:
@@ -91,7 +91,7 @@ def _simulate(arrivals: list[float], rate: float) -> list[int]:
     import heapq
 
     from loop_governor.call import TOOL, Call
-    from loop_governor.ratelimit import RateLimit
+    from loop_governor.policies.ratelimit import RateLimit
 
     clock = VirtualClock(0.0)
     config = lg.GovernorConfig(tools={"api": lg.ToolPolicy(rate_limit_per_s=rate, rate_burst=1, max_wait_s=1e9)})

@@ -8,7 +8,7 @@ import pytest
 from lg_testing import Backend, HTTPError, VirtualClock
 
 import loop_governor as lg
-from loop_governor.breaker import BreakerState
+from loop_governor.state.breaker import BreakerState
 
 
 def _rated_breaker_governor(clock: VirtualClock) -> lg.Governor:
@@ -90,7 +90,7 @@ def test_parallel_tool_calls_of_one_task_never_crash_the_no_progress_guard(
     KeyError out of a call whose tool had succeeded. The barrier forces that interleaving."""
     import threading
 
-    from loop_governor import progress
+    from loop_governor.policies import progress
 
     real = progress.is_trivial
     both_read = threading.Barrier(2, timeout=5)

@@ -16,8 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from lg_testing import Backend, HTTPError, VirtualClock
 
 import loop_governor as lg
-from loop_governor.breaker import BreakerPolicy, BreakerState
 from loop_governor.call import PassThrough
+from loop_governor.state.breaker import BreakerPolicy, BreakerState
 from loop_governor.stores import MemoryStore, SQLiteStore, Store, store_from_url
 
 POLICY = BreakerPolicy(failure_threshold=3, cooldown_s=10.0)
@@ -179,7 +179,7 @@ def test_governor_is_unchanged_on_sqlite(tmp_path: Path) -> None:
 _PROBE_WORKER = """
 import sys, time
 from pathlib import Path
-from loop_governor.breaker import BreakerPolicy
+from loop_governor.state.breaker import BreakerPolicy
 from loop_governor.stores import SQLiteStore
 store = SQLiteStore(sys.argv[1])
 go = Path(sys.argv[2])

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from lg_testing import HTTPError, VirtualClock
 
 import loop_governor as lg
-from loop_governor.breaker import BreakerState
 from loop_governor.retry import backoff_delay, turn_floor
+from loop_governor.state.breaker import BreakerState
 from loop_governor.stores.memory import MemoryStore
 
 ENDPOINT = "openai:gpt-4o"

@@ -14,7 +14,7 @@ import pytest
 from lg_testing import Backend, HTTPError, VirtualClock
 
 import loop_governor as lg
-from loop_governor.ladder import offered
+from loop_governor.policies.ladder import offered
 
 
 def governor(clock: VirtualClock, **tools: lg.ToolPolicy) -> lg.Governor:

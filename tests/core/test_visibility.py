@@ -16,6 +16,7 @@ import loop_governor as lg
 from loop_governor.checkpoint import FileCheckpointStore
 from loop_governor.config import warn_unknown_env
 from loop_governor.logs import logger as lg_logger
+from loop_governor.task import PARTIAL_RESULT_CHARS, PARTIAL_RESULTS_MAX
 
 SECRET = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789ABCD"
 
@@ -155,9 +156,9 @@ def test_partial_results_hold_the_successful_tool_results_bounded_and_redacted(g
     results = err.value.partial_results
     assert results[0] == {"section": 1}
     tools = results[1:]
-    assert len(tools) == lg.scope.PARTIAL_RESULTS_MAX  # the latest ones
+    assert len(tools) == PARTIAL_RESULTS_MAX  # the latest ones
     assert tools[0]["result"].startswith("page 10 ") and tools[-1]["result"].startswith("page 29 ")
-    assert all(r["tool"] == "fetch" and len(r["result"]) <= lg.scope.PARTIAL_RESULT_CHARS for r in tools)
+    assert all(r["tool"] == "fetch" and len(r["result"]) <= PARTIAL_RESULT_CHARS for r in tools)
     assert all(SECRET not in r["result"] for r in tools)
 
 

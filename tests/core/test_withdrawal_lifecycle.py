@@ -12,7 +12,7 @@ from lg_testing import VirtualClock
 import loop_governor as lg
 from loop_governor.conversation import not_run_text, pending_tool_calls, stop_text, uses_tools
 from loop_governor.errors import read_model_text
-from loop_governor.ladder import keep_listed, tool_offer
+from loop_governor.policies.ladder import keep_listed, tool_offer
 
 
 def governor(clock: VirtualClock, **tools: lg.ToolPolicy) -> lg.Governor:

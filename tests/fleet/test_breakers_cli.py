@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from loop_governor.breaker import BreakerPolicy, BreakerState
 from loop_governor.cli import app
+from loop_governor.state.breaker import BreakerPolicy, BreakerState
 from loop_governor.stores.redis import RedisStore
 from loop_governor.stores.sqlite import SQLiteStore
 

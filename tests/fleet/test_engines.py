@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import loop_governor as lg
-from loop_governor.breaker import BreakerState
+from loop_governor.state.breaker import BreakerPolicy, BreakerState
 from loop_governor.stores import StoreConfigError, store_from_url
 from loop_governor.stores.redis import RedisStore
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.redis
 
 TRIP = """
 import sys
-from loop_governor.breaker import BreakerPolicy
+from loop_governor.state.breaker import BreakerPolicy
 from loop_governor.stores import store_from_url
 store = store_from_url(sys.argv[1])
 for _ in range(3):
@@ -106,7 +106,7 @@ def test_cluster_outage_falls_back_and_merges_without_pipelined_scripts(redis_cl
     real = store._redis
     store._fail("test", ConnectionError("cut"))  # as an outage would, without killing the shared cluster
     for _ in range(3):
-        store.breaker_record("down_api", False, False, 5.0, lg.breaker.BreakerPolicy(3, 60))
+        store.breaker_record("down_api", False, False, 5.0, BreakerPolicy(3, 60))
     store.known_bad_put("task", "call", "{}")
     assert store.signature_hit("task", "sig") == 1
     mono[0] = 10.0

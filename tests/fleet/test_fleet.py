@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from loop_governor.breaker import BreakerState
+from loop_governor.state.breaker import BreakerState
 from loop_governor.stores.redis import RedisStore
 
 pytestmark = pytest.mark.redis

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import loop_governor as lg
-from loop_governor.breaker import ADMIT, BreakerPolicy, BreakerRecord, BreakerState
+from loop_governor.state.breaker import ADMIT, BreakerPolicy, BreakerRecord, BreakerState
 from loop_governor.stores import MemoryStore, store_from_url
 from loop_governor.stores.redis import RedisStore
 

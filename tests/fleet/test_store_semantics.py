@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import loop_governor as lg
-from loop_governor.breaker import BreakerPolicy, BreakerState
+from loop_governor.state.breaker import BreakerPolicy, BreakerState
 from loop_governor.stores import MemoryStore, SQLiteStore
 from loop_governor.stores.memory import MAX_ENTRIES
 

@@ -36,7 +36,7 @@ from pydantic import Field  # noqa: E402
 import loop_governor as lg  # noqa: E402
 
 NOTE_MARK = "[loop-governor]"
-"""How the governor's no-progress note starts (loop_governor.progress.NOTE)."""
+"""How the governor's no-progress note starts (loop_governor.policies.progress.NOTE)."""
 
 
 # -- LangChain ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("loop_governor", "langchain_governor", "crewai_governor")
+PACKAGES = ("loop_governor", "langchain_governor", "crewai_governor", "pydantic_ai_governor")
 
 _ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|exc|data|obj|ref|const|term|doc):`")
 _REST = re.compile(

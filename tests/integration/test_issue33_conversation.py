@@ -288,7 +288,10 @@ def test_thirty_cancelled_runs_leave_no_task_behind(server: OpenAIServer) -> Non
                 await asyncio.wait_for(agent.ainvoke({"messages": [("user", "build it")]}), 0.1)
 
     asyncio.run(thirty())
-    assert [e["outcome"] for e in ends(events)] == ["cancelled"] * 30
+    # a run the timeout cancels before its first model request (a loaded machine) never opened a task
+    started = [e for e in events if e["event"] == "task_start"]
+    assert 0 < len(started) <= 30
+    assert [e["outcome"] for e in ends(events)] == ["cancelled"] * len(started)
     assert len(middleware._tasks) == 0
 
 

@@ -40,6 +40,7 @@ SOURCES = (
     "loop_governor",
     "langchain_governor",
     "crewai_governor",
+    "pydantic_ai_governor",
 )
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
@@ -87,11 +88,19 @@ def test_the_build_gives_a_wheel_and_an_sdist_that_twine_accepts(dist: Path) -> 
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         metadata = zf.read(f"loop_governor-{version}.dist-info/METADATA").decode()
-    assert {"loop_governor/py.typed", "loop_governor/bench/calibration.json", "langchain_governor/py.typed"} <= names
+    assert {
+        "loop_governor/py.typed",
+        "loop_governor/bench/calibration.json",
+        "langchain_governor/py.typed",
+        "crewai_governor/py.typed",
+        "pydantic_ai_governor/py.typed",
+        "pydantic_ai_governor/capability.py",
+    } <= names
     assert f"loop_governor-{version}.dist-info/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata  # the SPDX string, PEP 639
     assert f"Version: {version}" in metadata  # the one version, read from loop_governor.__version__
     assert "Provides-Extra: langchain" in metadata and "Provides-Extra: docs" in metadata
+    assert "Provides-Extra: pydantic-ai" in metadata and "pydantic-ai-slim" in metadata
     assert "# loop-governor" in metadata  # the README is the package's long description
 
 

@@ -21,7 +21,7 @@ from lg_testing import VirtualClock
 import loop_governor as lg
 from langchain_governor import GovernorMiddleware
 from loop_governor.context import ContextPruner
-from loop_governor.ratelimit import Bucket
+from loop_governor.state.bucket import Bucket
 from loop_governor.stores.memory import MemoryStore
 
 KEY = "sk-test-rate-0000abcd"

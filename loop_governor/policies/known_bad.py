@@ -16,23 +16,23 @@ answered from memory. ``ToolPolicy(stateless=True)`` says a tool's failures depe
 arguments alone: they stay known-bad for the whole task.
 
 The lookup is on the path of every governed call of a task that had a permanent failure,
-so [`BadCalls`][loop_governor.known_bad.BadCalls] keeps a local index: when every known-bad call of the task was
-recorded here, a call whose (normalized) arguments match none of them skips the store.
+so [`BadCalls`][loop_governor.policies.known_bad.BadCalls] keeps a local index: when every known-bad call of the task
+was recorded here, a call whose (normalized) arguments match none of them skips the store.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from loop_governor.call import TOOL, Call, Policy, Resumed
-from loop_governor.checkpointing import update_checkpoint
+from loop_governor.call import TOOL, Call, Policy, Resumed, StopReason
 from loop_governor.errors import AgentToolError, ErrorType, GovernedError, error_from_info
+from loop_governor.policies.checkpointing import update_checkpoint
 from loop_governor.runtime import Runtime
 
 
 class BadCalls:
     """The known-bad calls this process recorded for one task, each with the task's world
-    ([TaskScope.world][loop_governor.scope.TaskScope.world]) at its failure."""
+    ([TaskScope.world][loop_governor.task.TaskScope.world]) at its failure."""
 
     __slots__ = ("local", "shapes")
 
@@ -71,6 +71,9 @@ class World(Policy):
     kinds = frozenset({TOOL})
     __slots__ = ()
 
+    def __init__(self, rt: Runtime | None = None) -> None:
+        """Keeps nothing of the runtime: the world is the task's."""
+
     def after_success(self, call: Call, result: Any) -> Any:
         scope = call.scope
         if scope is not None and not call.policy.read_only:
@@ -103,7 +106,7 @@ class KnownBad(Policy):
                 info = GovernedError.model_validate_json(stored)
         if info is None or retired(memory, call, scope.world):
             return None
-        call.stop_reason = "known_bad"
+        call.stop_reason = StopReason.KNOWN_BAD
         raise error_from_info(info)
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from loop_governor import __version__
-from loop_governor.cli_common import Group
+from loop_governor.cli.common import Group
 
 app = typer.Typer(
     name="loop-governor",
@@ -42,11 +42,11 @@ def _root(
 # Dotted module names, each defining ``register(app: typer.Typer) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
     "loop_governor.demo",
-    "loop_governor.trace.cli",
-    "loop_governor.context.cli",
-    "loop_governor.checkpoint.cli",
-    "loop_governor.stores.cli",
-    "loop_governor.bench.cli",
+    "loop_governor.cli.report",
+    "loop_governor.cli.replay",
+    "loop_governor.cli.checkpoints",
+    "loop_governor.cli.breakers",
+    "loop_governor.cli.bench",
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loop_governor.call import MODEL, Call, Policy, Resumed
+from loop_governor.call import MODEL, Call, Policy, Resumed, StopReason
 from loop_governor.errors import AgentToolError
 from loop_governor.logs import level_of
 
@@ -55,7 +55,11 @@ def tool_error(
     )
 
 
-_REFUSAL_FLAGS = {"known_bad": "known_bad", "breaker": "circuit_open", "rate_limited": "rate_limited"}
+_REFUSAL_FLAGS: dict[str, str] = {
+    StopReason.KNOWN_BAD: "known_bad",
+    StopReason.BREAKER: "circuit_open",
+    StopReason.RATE_LIMITED: "rate_limited",
+}
 
 
 class Failures(Policy):
@@ -63,7 +67,7 @@ class Failures(Policy):
     failed tool call, and a ``call_refused`` event for a call refused without being made
     (open breaker, rate limit, a known-bad call answered from memory).
 
-    Last in the chain but the stop ([`RunStop`][loop_governor.checkpointing.RunStop]), so
+    Last in the chain but the stop ([`RunStop`][loop_governor.policies.checkpointing.RunStop]), so
     the events carry the final text -- the loop guards' warnings and withdrawals
     included -- and come after the decisions that shaped it. In the chain whether or not
     anyone listens: the ``loop_governor`` logger writes these lines
@@ -77,7 +81,7 @@ class Failures(Policy):
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         events = self.rt.events
-        if call.stop_reason == "task_budget":
+        if call.stop_reason is StopReason.TASK_BUDGET:
             return error  # a spent task budget is its own event (budget_exhausted)
         if call.kind == MODEL:
             if not events.emitting and level_of("model_call") is not None:
@@ -127,7 +131,7 @@ class Failures(Policy):
 
 class Report(Policy):
     """Emits a successful call's event, and a failed model call's (only while someone
-    listens); a failed tool call's is [`Failures`][loop_governor.report.Failures]'."""
+    listens); a failed tool call's is [`Failures`][loop_governor.policies.report.Failures]'."""
 
     in_task_only = False
     listeners_only = True
@@ -161,7 +165,7 @@ class Report(Policy):
 
     def after_failure(self, call: Call, error: AgentToolError) -> AgentToolError:
         # a failed tool call's event comes from Failures, once the text the model reads is final
-        if call.kind == MODEL and self.rt.events.emitting and call.stop_reason != "task_budget":
+        if call.kind == MODEL and self.rt.events.emitting and call.stop_reason is not StopReason.TASK_BUDGET:
             self._model_call(call, None, error)
         return error
 

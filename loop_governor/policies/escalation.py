@@ -6,9 +6,9 @@ limited" -- and a model may ignore text: trackers of other frameworks have repor
 models repeating a refused call hundreds of times. So each of those signals is
 remembered per task with what it was about, and after the model has been told,
 ``escalation_repeats`` more attempts at the same thing (default 2, per tool
-``ToolPolicy(escalation_repeats=)``) climb the ladder ([`loop_governor.ladder`][loop_governor.ladder]): the
-tool is withdrawn, and calling it anyway ends the run. The text says so from the first
-time ("2 more identical calls withdraw search_docs").
+``ToolPolicy(escalation_repeats=)``) climb the ladder
+([`loop_governor.policies.ladder`][loop_governor.policies.ladder]): the tool is withdrawn, and calling it anyway ends
+the run. The text says so from the first time ("2 more identical calls withdraw search_docs").
 
 What "the same thing" is, per signal:
 
@@ -16,14 +16,14 @@ What "the same thing" is, per signal:
   way -- also after a success elsewhere: the call then runs for real (the success may have
   been the fix), but failing the same way again it is the same thing again;
 * the repeated-error guard's ``LoopDetectedError``: the same tool failing the same way about
-  the same entity ([`loop_governor.repeats`][loop_governor.repeats]); for a transient failure (the service
-  keeps failing), the tool, while it does;
+  the same entity ([`loop_governor.policies.repeats`][loop_governor.policies.repeats]); for a transient failure (the
+  service keeps failing), the tool, while it does;
 * an open breaker's or a shared rate limit's refusal: the same call but for its numbers,
   while the tool is refused.
 
 A failure that comes back after something that may have fixed it (an edit, a toggle:
-[`loop_governor.fixes`][loop_governor.fixes]) is iterating, not counted; a failure with another error is
-news, told afresh. The last two signals are about the
+[`loop_governor.policies.fixes`][loop_governor.policies.fixes]) is iterating, not counted; a failure with another error
+is news, told afresh. The last two signals are about the
 tool's availability, not about what the model asked: any success of the tool ends them,
 and their withdrawal lasts only until the tool may be back.
 Parallel calls of one model turn are one decision: they never count as repeats of each
@@ -34,12 +34,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loop_governor.call import TOOL, Call, Policy
+from loop_governor.call import TOOL, Call, Policy, StopReason
 from loop_governor.errors import AgentToolError, CircuitOpenError, ErrorType, FatalError, LoopDetectedError
-from loop_governor.fixes import fixed_since
-from loop_governor.ladder import withdrawn_error
-from loop_governor.progress import withdraws_text
-from loop_governor.repeats import failure_key
+from loop_governor.policies.fixes import fixed_since
+from loop_governor.policies.ladder import withdrawn_error, withdraws_text
+from loop_governor.policies.repeats import failure_key
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -63,11 +62,11 @@ def _subject(call: Call, error: AgentToolError) -> tuple[tuple[str, str], bool] 
     (True) or is a failure of its own (False); None when it is no soft signal."""
     reason = call.stop_reason
     if not call.attempt:  # refused before the call ran
-        if reason == "known_bad":
+        if reason is StopReason.KNOWN_BAD:
             return ("call", call.key), True
-        if reason == "breaker" or isinstance(error, CircuitOpenError):
+        if reason is StopReason.BREAKER or isinstance(error, CircuitOpenError):
             return ("breaker", f"{call.name}:{call.args_shape}"), False
-        if reason == "rate_limited":
+        if reason is StopReason.RATE_LIMITED:
             return ("rate", f"{call.name}:{call.args_shape}"), False
         return None
     if isinstance(error, LoopDetectedError):

@@ -1,12 +1,12 @@
 """What every `loop-governor` command shares: its flags, its input errors, its help.
 
 * A boolean setting is a pair, `--json/--no-json`, never a flag that looks like it takes
-  a value: [`flag`][loop_governor.cli_common.flag] declares one.
+  a value: [`flag`][loop_governor.cli.common.flag] declares one.
 * Input that is not what a command reads (a file that is not a trace, a store that does
   not exist) is a usage error: one line on stderr saying what was expected, exit status
-  2, through [`usage_error`][loop_governor.cli_common.usage_error] (typer's own error box
+  2, through [`usage_error`][loop_governor.cli.common.usage_error] (typer's own error box
   spans a dozen lines).
-* [`Group`][loop_governor.cli_common.Group], the root command's class, shows flags in
+* [`Group`][loop_governor.cli.common.Group], the root command's class, shows flags in
   `--help` without the `<bool>` placeholder typer gives every option (`--help` and
   `--version` included), in every sub-command.
 """

@@ -16,9 +16,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from loop_governor.errors import FatalError
-from loop_governor.fixes import MOVERS_KEPT
 from loop_governor.keys import call_key
-from loop_governor.progress import ProgressGuard
+from loop_governor.policies.fixes import MOVERS_KEPT
+from loop_governor.policies.progress import ProgressGuard
 from loop_governor.redaction import redact, redact_value
 from loop_governor.scope_vars import _SCOPE
 
@@ -139,7 +139,7 @@ class TaskScope:
         self.episodes: dict[str, int] = {}
         self.failed_tools: set[str] = set()
         # the latest state-changing successes, (tool call number, call): what may have fixed a
-        # repeat is asked of them only when a repeat comes (loop_governor.fixes)
+        # repeat is asked of them only when a repeat comes (loop_governor.policies.fixes)
         self.movers: deque[tuple[int, Any]] = deque(maxlen=MOVERS_KEPT)
         # How many times a tool that may change state succeeded in this task: a failure, a
         # warning or a count recorded in an earlier world describes the world as it was
@@ -228,7 +228,7 @@ class TaskScope:
         ``abandoned`` (an adapter saw the run end without learning how:
         `RunAbandoned`), with the error's class, code and
         redacted reason."""
-        from loop_governor.checkpointing import stop_fields
+        from loop_governor.policies.checkpointing import stop_fields
 
         stop: BaseException | None = self.stop
         if stop is None and isinstance(exc, FatalError):

@@ -18,7 +18,7 @@ from loop_governor.redaction import redact
 if TYPE_CHECKING:
     from loop_governor.checkpoint import TaskCheckpoint
     from loop_governor.runtime import Runtime
-    from loop_governor.scope import TaskScope
+    from loop_governor.task import TaskScope
 
 _SAVE_ATTEMPTS = 3
 
@@ -49,8 +49,8 @@ def update_checkpoint(rt: Runtime, scope: TaskScope, record: Callable[[TaskCheck
 
 
 def _save_locked(rt: Runtime, scope: TaskScope, cp: TaskCheckpoint) -> tuple[str, dict[str, Any]] | None:
-    """The save of [`update_checkpoint`][loop_governor.checkpointing.update_checkpoint] (lock held); returns the event
-    to emit."""
+    """The save of [`update_checkpoint`][loop_governor.policies.checkpointing.update_checkpoint] (lock held); returns
+    the event to emit."""
     store = rt.checkpoints
     if store is None:
         return None
@@ -161,6 +161,10 @@ class Checkpointing(Policy):
     kinds = frozenset({TOOL})
 
     __slots__ = ("rt",)
+
+    @classmethod
+    def applies(cls, rt: Runtime) -> bool:
+        return rt.checkpoints is not None
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt

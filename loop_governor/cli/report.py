@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from loop_governor.cli_common import usage_error
+from loop_governor.cli.common import usage_error
 from loop_governor.terminal import cell, printable
 from loop_governor.trace.reading import task_names
 from loop_governor.trace.report import render_report, runs_apart, skipped_note

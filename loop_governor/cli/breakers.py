@@ -16,9 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from loop_governor.breaker import BreakerState
-from loop_governor.cli_common import flag, missing_local_store, usage_error
+from loop_governor.cli.common import flag, missing_local_store, usage_error
 from loop_governor.redaction import redact
+from loop_governor.state.breaker import BreakerState
 from loop_governor.stores import Store, store_from_url
 from loop_governor.terminal import cell, printable
 

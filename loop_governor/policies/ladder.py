@@ -24,6 +24,11 @@ A withdrawal is a task fact, with a lifecycle:
   it has one. crewAI's text (ReAct) prompts lose the tool's description where the
   adapter can edit them; where it cannot it says so (`keep_listed`) and a call of
   the tool is refused, never a stop -- the model was following its prompt.
+
+The guards that climb the ladder (repeats, escalation, no progress, cycles, polls) share
+its vocabulary, kept here: a guard's [`Verdict`][loop_governor.policies.ladder.Verdict] on one step,
+[`annotate`][loop_governor.policies.ladder.annotate] for the note the model reads, and
+[`withdraws_text`][loop_governor.policies.ladder.withdraws_text], the sentence every warning carries.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from loop_governor.call import TOOL, Call, Policy, Resumed
+from loop_governor.call import TOOL, Call, Policy, Resumed, StopReason
 from loop_governor.conversation import uses_tools
 from loop_governor.errors import (
     AgentToolError,
@@ -43,6 +48,7 @@ from loop_governor.errors import (
     PermanentError,
     TransientError,
 )
+from loop_governor.policies.fixes import did_something
 
 _T = TypeVar("_T")
 
@@ -52,7 +58,44 @@ Withdrawal = tuple[str, int | None, float | None, bool]
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
-    from loop_governor.scope import TaskScope
+    from loop_governor.task import TaskScope
+
+
+def withdraws_text(remaining: int, tool: str, what: str = "repeat", whats: str | None = None) -> str:
+    """The plain sentence every warning carries: how many more repeats withdraw the tool
+    (the ladder's next step, [`loop_governor.policies.ladder`][loop_governor.policies.ladder])."""
+    if remaining <= 1:
+        return f"the next {what} withdraws {tool} from your tools"
+    return f"{remaining} more {whats or what + 's'} withdraw {tool} from your tools"
+
+
+def annotate(result: Any, note: str) -> Any:
+    """Append ``note`` to what the model will read; unchanged if that can't be done safely."""
+    if isinstance(result, str):
+        return f"{result}\n\n{note}"
+    content = getattr(result, "content", None)
+    copier = getattr(result, "model_copy", None)
+    if isinstance(content, str) and callable(copier):
+        return copier(update={"content": f"{content}\n\n{note}"})  # pydantic models (ToolMessage)
+    if isinstance(result, dict) and isinstance(result.get("content"), str):
+        return {**result, "content": f"{result['content']}\n\n{note}"}
+    return result
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What a guard concluded about one step: nothing, warn the model, or stop.
+
+    ``remaining``: how many more repeats the model has before the stop (for the warning).
+    """
+
+    action: str  # "ok" | "warn" | "stop"
+    reason: str = ""
+    count: int = 0
+    remaining: int = 0
+
+
+OK = Verdict("ok")
 
 
 def withdraw_at(repeats: int) -> int:
@@ -227,7 +270,7 @@ class Withdrawn(Policy):
         if scope is None:
             return None
         if scope.stop is not None:
-            call.stop_reason = "stopped"
+            call.stop_reason = StopReason.STOPPED
             raise _stopped_again(scope.stop)
         if not scope.withdrawn:
             return None
@@ -235,7 +278,7 @@ class Withdrawn(Policy):
         if entry is None or _lapsed(self.rt, scope, call.name):
             return None
         code, decision, until, _ = entry
-        call.stop_reason = "withdrawn"
+        call.stop_reason = StopReason.WITHDRAWN
         if call.name in scope.listed:
             # the adapter could not take the tool out of the model's prompt: the model is
             # following its instructions, so the call is refused and the run goes on
@@ -305,12 +348,13 @@ class Withdrawn(Policy):
             return result
         if scope.streaks:
             scope.streaks.pop(call.name, None)
-        if not scope.withdrawn or call.policy.read_only:
+        if not scope.withdrawn or call.policy.read_only or not did_something(call):
             return result
         # Another tool that may change state succeeded: what a tool withdrawn for
         # repeating kept getting may be different now (the precondition it named was
         # fixed), so it is offered again -- from a later model decision than its
         # withdrawal (a parallel call of that same turn is no fix the model chose).
+        # A ``think``, a note or a search only said something (fixes.did_something).
         decision = scope.decision
         back = [
             name
@@ -321,7 +365,6 @@ class Withdrawn(Policy):
             _restore(self.rt, scope, name, reason="world_changed", by=call.name)
         if not back:
             return result
-        from loop_governor.progress import annotate  # (progress builds on this module)
 
         listed = " and ".join(back) if len(back) < 3 else ", ".join(back[:-1]) + f" and {back[-1]}"
         verb = "is" if len(back) == 1 else "are"

@@ -10,8 +10,8 @@ the one before it: three identical steps for ``p = 1``, two full blocks for ``p 
 Results must repeat too, so a loop that makes progress (new results) is never a cycle.
 
 The model is warned once, in the result it reads; ``escalation_repeats`` more steps of
-the same cycle withdraw the tool ([`loop_governor.ladder`][loop_governor.ladder]: calling it anyway ends the
-run with [`NoProgressError`][loop_governor.errors.NoProgressError]). A poll (``ToolPolicy(poll=True)``)
+the same cycle withdraw the tool ([`loop_governor.policies.ladder`][loop_governor.policies.ladder]: calling it anyway
+ends the run with [`NoProgressError`][loop_governor.errors.NoProgressError]). A poll (``ToolPolicy(poll=True)``)
 repeats by design: its steps never match. Parallel calls of one model turn are one
 decision: a call repeating another of the same turn is not a step.
 The check is O(1) a call: one running match count per period.
@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.errors import AgentToolError, FatalError
 from loop_governor.fingerprint import Fingerprint, walks
-from loop_governor.ladder import withdraw, withdraw_at
-from loop_governor.progress import OK, Verdict, annotate, withdraws_text
+from loop_governor.policies.ladder import OK, Verdict, annotate, withdraw, withdraw_at, withdraws_text
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -155,10 +154,14 @@ def _same_step(step: tuple[str, Fingerprint, Call], tool: str, result: Fingerpri
 
 
 class Cycles(Policy):
-    """Feeds every tool call's outcome to the task's [`CycleTracker`][loop_governor.cycles.CycleTracker]."""
+    """Feeds every tool call's outcome to the task's [`CycleTracker`][loop_governor.policies.cycles.CycleTracker]."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
+
+    @classmethod
+    def applies(cls, rt: Runtime) -> bool:
+        return rt.config.cycle_detection
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt

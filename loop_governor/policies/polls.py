@@ -6,19 +6,18 @@ polled *job* -- the poll's arguments named like ids (``job_id``); an attempt cou
 timestamp beside them is the same job polled again -- by ``max_calls`` (default 60) and
 ``max_wall_s`` (default 3600 s from the job's first poll): a job of up to an hour, polled
 once a minute. Near a bound (80 %) the model reads a warning in the poll's result; at the
-bound the poll is refused and the tool withdrawn ([`loop_governor.ladder`][loop_governor.ladder]); only a
-poll of it after that ends the run.
+bound the poll is refused and the tool withdrawn ([`loop_governor.policies.ladder`][loop_governor.policies.ladder]);
+only a poll of it after that ends the run.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loop_governor.call import TOOL, Call, Policy, Resumed
+from loop_governor.call import TOOL, Call, Policy, Resumed, StopReason
 from loop_governor.errors import ErrorType, GovernedError, PermanentError
 from loop_governor.fingerprint import args_job
-from loop_governor.ladder import withdraw
-from loop_governor.progress import annotate
+from loop_governor.policies.ladder import annotate, withdraw
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
@@ -35,6 +34,10 @@ class Polls(Policy):
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)
+
+    @classmethod
+    def applies(cls, rt: Runtime) -> bool:
+        return any(t.poll for t in rt.config.tools.values())
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -60,7 +63,7 @@ class Polls(Policy):
         if over is None:
             entry[0] = calls + 1
             return None
-        call.stop_reason = "poll_bound"
+        call.stop_reason = StopReason.POLL_BOUND
         bound = f"{policy.poll_calls} polls" if over == "max_calls" else f"{_minutes(policy.poll_wall)} of polling"
         why = f"this job reached its bound of {bound}"
         self.rt.events.emit("poll_bound", tool=call.name, bound=over, calls=calls, elapsed_s=round(elapsed, 3))

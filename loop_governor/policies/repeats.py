@@ -4,10 +4,11 @@ A model that reads "404 not found" or "payment amount does not add up" tends to 
 the identical call after a varied ``think``, or the same booking with another amount. So
 failures count for the whole task, whatever succeeds in between: a success elsewhere may
 be the fix of a precondition, and then the retried call runs for real (known-bad memory
-follows the world, [`loop_governor.known_bad`][loop_governor.known_bad]) -- but if it fails the same way again,
-that failure counts. At ``repeated_error_threshold`` (default 3) the outcome becomes a
+follows the world, [`loop_governor.policies.known_bad`][loop_governor.policies.known_bad]) -- but if it fails the same
+way again, that failure counts. At ``repeated_error_threshold`` (default 3) the outcome becomes a
 [`LoopDetectedError`][loop_governor.errors.LoopDetectedError] telling the model to stop, and the
-ladder takes it from there ([`loop_governor.escalation`][loop_governor.escalation]: withdraw, then stop).
+ladder takes it from there ([`loop_governor.policies.escalation`][loop_governor.policies.escalation]: withdraw, then
+stop).
 
 "The same way about the same thing" is
 
@@ -24,8 +25,8 @@ ladder takes it from there ([`loop_governor.escalation`][loop_governor.escalatio
 
 Two things are no repeat, measured on recorded runs: parallel calls of one model turn (one
 decision, counted once), and a failure that comes back after something that may have fixed it
-([`loop_governor.fixes`][loop_governor.fixes]): an edit, a toggle, a call that *did* something -- a coding agent
-re-running its tests after each edit is iterating. A ``think``, a note or a new search in
+([`loop_governor.policies.fixes`][loop_governor.policies.fixes]): an edit, a toggle, a call that *did* something -- a
+coding agent re-running its tests after each edit is iterating. A ``think``, a note or a new search in
 between only said something: the failure counts. Such a failure is not counted, and the count
 it would have added to stays where it was.
 """
@@ -38,7 +39,7 @@ import xxhash
 
 from loop_governor.call import Call, Policy
 from loop_governor.errors import AgentToolError, ErrorType, LoopDetectedError
-from loop_governor.fixes import fixed_since
+from loop_governor.policies.fixes import fixed_since
 from loop_governor.runtime import Runtime
 
 

@@ -10,10 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from loop_governor.cli_common import usage_error
+from loop_governor.cli.common import usage_error
+from loop_governor.context.replay import POLICY_NOTES, default_policies, load_runs, provider_calibration, replay
 from loop_governor.terminal import cell, printable
-
-from .replay import POLICY_NOTES, default_policies, load_runs, provider_calibration, replay
 
 
 def _fmt(v: object) -> str:

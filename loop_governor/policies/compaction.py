@@ -11,10 +11,14 @@ the compacted prompt fails again, the error stands as the permanent failure it i
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from loop_governor.call import MODEL, AttemptPolicy, Call
 from loop_governor.classify import ErrorInfo
 from loop_governor.errors import GovernedError
+
+if TYPE_CHECKING:
+    from loop_governor.runtime import Runtime
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 # How providers word it when no code says so (Anthropic: "prompt is too long: N tokens >
@@ -36,6 +40,9 @@ class Compaction(AttemptPolicy):
 
     kinds = frozenset({MODEL})
     __slots__ = ()
+
+    def __init__(self, rt: Runtime | None = None) -> None:
+        """Keeps nothing of the runtime: what to compact is the call's."""
 
     def after_attempt_failure(self, call: Call) -> None:
         info, options = call.info, call.model

@@ -29,7 +29,7 @@ from loop_governor.bench.real_model import (
 )
 from loop_governor.bench.runner import FRAMEWORKS, total_steps
 from loop_governor.bench.tiers import DEFAULT_TIERS
-from loop_governor.cli_common import flag, usage_error
+from loop_governor.cli.common import flag, usage_error
 
 DEFAULT_RUNS = 2
 DEFAULT_JSON = "loop-governor-bench.json"

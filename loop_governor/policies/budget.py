@@ -9,21 +9,21 @@ calls it asked for. A task whose tools are governed but whose model is not (plai
 Python, a legacy executor) has no decisions to count, so there every tool call is an
 iteration of its own.
 
-[`RetryBudget`][loop_governor.budget.RetryBudget] is the task-level retry budget shared by every tool and model call
-of the task: retries beyond it are not made, whatever the per-call attempt limit says.
+[`RetryBudget`][loop_governor.policies.budget.RetryBudget] is the task-level retry budget shared by every tool and model
+call of the task: retries beyond it are not made, whatever the per-call attempt limit says.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loop_governor.call import MODEL, TOOL, AttemptPolicy, Call, Policy, Refused, Resumed
+from loop_governor.call import MODEL, TOOL, AttemptPolicy, Call, Policy, Refused, Resumed, StopReason
 from loop_governor.errors import BudgetExhaustedError, ErrorType, GovernedError
 
 if TYPE_CHECKING:
     from loop_governor.config import GovernorConfig
     from loop_governor.runtime import Runtime
-    from loop_governor.scope import TaskScope
+    from loop_governor.task import TaskScope
     from loop_governor.usage import Usage
 
 
@@ -144,12 +144,12 @@ class TaskBudget(Policy):
             scope.tool_calls += 1
             return None
         try:
-            if call.kind == TOOL:  # (a poll's own bounds are per job: loop_governor.polls)
+            if call.kind == TOOL:  # (a poll's own bounds are per job: loop_governor.policies.polls)
                 charge(self.rt, scope, TOOL, call.name, call.policy.max_calls, call.policy.max_wall)
             else:
                 charge(self.rt, scope, call.kind, call.name)
         except BudgetExhaustedError:
-            call.stop_reason = "task_budget"  # reported as budget_exhausted, not as a failed call
+            call.stop_reason = StopReason.TASK_BUDGET  # reported as budget_exhausted, not as a failed call
             raise
         return None
 
@@ -176,6 +176,16 @@ def retry_takes_unit(call: Call) -> bool:
     return call.scope is not None and call.pending is None and not call.waits_out_throttle
 
 
+def retry_budget_spent(rt: Runtime, call: Call) -> bool:
+    """Whether the retry ``call`` is about to make would take a unit of the task's retry
+    budget that is gone: what `RetryBudget` refuses, asked ahead (the breaker asks before
+    a waiting retry takes the half-open probe)."""
+    scope = call.scope
+    if scope is None or not retry_takes_unit(call):
+        return False
+    return rt.store.budget_used(scope.task_id) >= rt.config.task_retry_budget
+
+
 class RetryBudget(AttemptPolicy):
     """The task's retry budget: each retry takes one unit, shared by all of the task's calls."""
 
@@ -191,7 +201,7 @@ class RetryBudget(AttemptPolicy):
         if scope is None or not retry_takes_unit(call):
             return 0.0
         if not self.rt.store.budget_take(scope.task_id, self.limit):
-            raise Refused("budget")  # another call of the task spent it during our sleep
+            raise Refused(StopReason.BUDGET)  # another call of the task spent it during our sleep
         return 0.0
 
     def after_attempt_failure(self, call: Call) -> None:
@@ -201,4 +211,4 @@ class RetryBudget(AttemptPolicy):
         if call.waits_out_throttle:
             return
         if self.rt.store.budget_used(scope.task_id) >= self.limit:
-            call.veto = "budget"  # the unit is taken when the retry really runs, after the sleep
+            call.veto = StopReason.BUDGET  # the unit is taken when the retry really runs, after the sleep

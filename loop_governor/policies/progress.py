@@ -20,64 +20,23 @@ from typing import TYPE_CHECKING, Any
 
 from loop_governor.call import TOOL, Call, Policy
 from loop_governor.fingerprint import Fingerprint, content_values, echoes, result_text, walks
-from loop_governor.fixes import fixed_since
-from loop_governor.ladder import withdraw, withdraw_at
+from loop_governor.policies.fixes import fixed_since
+from loop_governor.policies.ladder import OK, Verdict, annotate, withdraw, withdraw_at, withdraws_text
 
 if TYPE_CHECKING:
     from loop_governor.runtime import Runtime
 
 __all__ = [
     "NOTE",
-    "OK",
     "NoProgress",
     "ProgressGuard",
-    "Verdict",
-    "annotate",
     "result_text",
-    "withdraws_text",
 ]
 
 NOTE = (
     "[loop-governor] {tool} returned the same result {count} times in a row: its verdict has not "
     "changed. Do something different or give your final answer now; {ends}."
 )
-
-
-def withdraws_text(remaining: int, tool: str, what: str = "repeat", whats: str | None = None) -> str:
-    """The plain sentence every warning carries: how many more repeats withdraw the tool
-    (the ladder's next step, [`loop_governor.ladder`][loop_governor.ladder])."""
-    if remaining <= 1:
-        return f"the next {what} withdraws {tool} from your tools"
-    return f"{remaining} more {whats or what + 's'} withdraw {tool} from your tools"
-
-
-def annotate(result: Any, note: str) -> Any:
-    """Append ``note`` to what the model will read; unchanged if that can't be done safely."""
-    if isinstance(result, str):
-        return f"{result}\n\n{note}"
-    content = getattr(result, "content", None)
-    copier = getattr(result, "model_copy", None)
-    if isinstance(content, str) and callable(copier):
-        return copier(update={"content": f"{content}\n\n{note}"})  # pydantic models (ToolMessage)
-    if isinstance(result, dict) and isinstance(result.get("content"), str):
-        return {**result, "content": f"{result['content']}\n\n{note}"}
-    return result
-
-
-@dataclass(slots=True)
-class Verdict:
-    """What a guard concluded about one step: nothing, warn the model, or stop.
-
-    ``remaining``: how many more repeats the model has before the stop (for the warning).
-    """
-
-    action: str  # "ok" | "warn" | "stop"
-    reason: str = ""
-    count: int = 0
-    remaining: int = 0
-
-
-OK = Verdict("ok")
 
 
 # An acknowledgement: a short positive answer that the action was done.
@@ -204,8 +163,8 @@ class _Seen:
 
     def fixed_since(self, prev: _Seen) -> bool:
         """Whether something that may have fixed the cause succeeded between ``prev`` and this
-        call ([`loop_governor.fixes`][loop_governor.fixes]); without the calls, whether the world moved on by
-        something else than ``prev``'s own success."""
+        call ([`loop_governor.policies.fixes`][loop_governor.policies.fixes]); without the calls, whether the world
+        moved on by something else than ``prev``'s own success."""
         call = self.call
         if call is not None and call.scope is not None and prev.step is not None:
             return fixed_since(call, prev.step)
@@ -256,9 +215,9 @@ _SAME, _REVISED, _WALKED = "same", "revised", "walked"
 
 
 class NoProgress(Policy):
-    """Feeds each successful tool result to the task's [`ProgressGuard`][loop_governor.progress.ProgressGuard]: warns
-    the model in the result, then withdraws the tool if the verdict still does not change
-    (calling it anyway ends the run, [`loop_governor.ladder`][loop_governor.ladder])."""
+    """Feeds each successful tool result to the task's [`ProgressGuard`][loop_governor.policies.progress.ProgressGuard]:
+    warns the model in the result, then withdraws the tool if the verdict still does not change
+    (calling it anyway ends the run, [`loop_governor.policies.ladder`][loop_governor.policies.ladder])."""
 
     kinds = frozenset({TOOL})
     __slots__ = ("rt",)

@@ -19,7 +19,7 @@ from loop_governor.checkpoint.base import CheckpointStore
 from loop_governor.checkpoint.errors import CheckpointError
 from loop_governor.checkpoint.model import TaskCheckpoint
 from loop_governor.checkpoint.url import checkpoint_store_from_url
-from loop_governor.cli_common import flag, missing_local_store, usage_error
+from loop_governor.cli.common import flag, missing_local_store, usage_error
 from loop_governor.redaction import mask_url, redact
 from loop_governor.terminal import cell
 

@@ -1,22 +1,41 @@
 """Governed success-path cost per call, against the peers, in one process.
 
-    python benchmarks/hotpath.py [--calls 200000] [--repeats 7]
+    python benchmarks/hotpath.py [--calls 50000] [--repeats 7] [--clock cpu|wall] [CORPUS ...]
 
-Prints the median cost of one successful call for: a bare function call, loop-governor
-(outside and inside a task scope, where the loop guards look at every result: a batch
-whose results differ only in the number asked for, and lookups whose results differ),
-tenacity alone (a ``Retrying`` object reused, the cheapest way to use it) and pybreaker +
-tenacity (the usual hand-rolled pairing), and
-the ratios. Medians of several repeats; these machines are noisy.
+Prints the median cost of one successful call of a no-op tool for: a bare function call,
+tenacity alone (a ``Retrying`` object reused, the cheapest way to use it), pybreaker +
+tenacity (the usual hand-rolled pairing), and loop-governor outside a task and inside one,
+where every default loop guard looks at every result:
+
+* **lookups**: every call asks for another row and gets a different answer (a call that
+  repeats nothing);
+* **batch**: the answers differ only in the number asked for ("row 7", "row 8"): same-shaped
+  answers, the guards' dearest healthy case (they must tell a batch from a repeat);
+* **identical repeats**: every call made twice in a row, the second the identical call with
+  the identical answer (a repeat the guards count, below any threshold).
+
+Then the cost of call 1-10 against call 991-1000 of a task (goal: the same -- nothing a
+guard keeps grows with the task), and, for each ``CORPUS`` folder given (the recorded runs
+of ``benchmarks/loop_replay.py``, e.g. ``../shared/corpus/swe-dev``), p50 and p90 per call
+when replaying every recorded tool call through ``Governor.call`` in a task, beside
+trajectory-fuse's ``observe`` (the loop-guard peer) on the same steps.
+
+Timing is the benchmark thread's CPU time by default (``--clock cpu``): on a shared machine
+wall time also counts other processes' turns. The cases run interleaved, ``--repeats``
+rounds of each, and each figure is the median of its rounds; every ratio is taken between
+figures measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pybreaker
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
@@ -42,21 +61,66 @@ def lookup(x: int) -> str:
     return f"row {_letters(x)}"
 
 
-def per_call_us(fn: Callable[[], object], calls: int, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
+def stock(x: int) -> str:
+    """A tool whose answer is long enough to count as a verdict (not an exit code)."""
+    return f"row {x}: in stock, ships today"
+
+
+Case = tuple[Callable[[], object], int, str | None]  # (one call, calls per round, task name or None)
+
+
+def per_call_us(gov: lg.Governor, cases: dict[str, Case], rounds: int, clock: Callable[[], float]) -> dict[str, float]:
+    """Median µs a call of each case, the cases interleaved round by round (a neighbour's
+    load then weighs on every case alike); an in-task case runs in a fresh task per round."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for number in range(rounds):
+        for name, (fn, calls, task) in cases.items():
+            with gov.task(f"{task}-{number}") if task else contextlib.nullcontext():
+                start = clock()
+                for _ in range(calls):
+                    fn()
+                samples[name].append((clock() - start) / calls * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def task_length(gov: lg.Governor, tasks: int, clock: Callable[[], float]) -> tuple[float, float]:
+    """Median µs a call of calls 1-10 and of calls 991-1000 of a task of lookups."""
+    early: list[float] = []
+    late: list[float] = []
+    counter = itertools.count()
+    for number in range(tasks):
+        with gov.task(f"length-{number}"):
+            for block in range(100):
+                start = clock()
+                for _ in range(10):
+                    gov.call("lookup", lookup, next(counter))
+                if block in (0, 99):
+                    (early if block == 0 else late).append((clock() - start) / 10 * 1e6)
+    return statistics.median(early), statistics.median(late)
+
+
+def corpus_figures(paths: list[Path]) -> list[tuple[str, int, float, float, float, float]]:
+    """Per corpus: (name, calls, governor p50, p90, trajectory-fuse p50, p90) in µs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import loop_replay as lr
+
+    rows = []
+    for path in paths:
+        gov_us, fuse_us = lr.time_calls(lr.load_runs(path))
+        g, f = statistics.quantiles(gov_us, n=10), statistics.quantiles(fuse_us, n=10)
+        rows.append((path.name, len(gov_us), statistics.median(gov_us), g[8], statistics.median(fuse_us), f[8]))
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("corpus", nargs="*", type=Path, help="folders of recorded runs to replay (p50/p90 per call)")
+    parser.add_argument("--calls", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--tasks", type=int, default=100, help="tasks of 1000 calls for the task-length check")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     args = parser.parse_args()
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
 
     gov = lg.Governor()
     retrying = Retrying(
@@ -66,54 +130,49 @@ def main() -> None:
         reraise=True,
     )
     breaker = pybreaker.CircuitBreaker(fail_max=5, reset_timeout=60)
-
-    # Every call asks for a new row, as an agent does: inside a task the governor's loop
-    # guard looks at each result, and the identical call with the identical result over
-    # and over is exactly what it stops.
     counter = itertools.count()
 
-    def bare() -> object:
-        return tool(next(counter))
+    def twice() -> Callable[[], int]:
+        """Every number twice in a row: each second call repeats the first exactly."""
+        pairs = itertools.count()
+        return lambda: next(pairs) // 2
 
-    def governed() -> object:
-        return gov.call("tool", tool, next(counter))
-
-    def governed_lookup() -> object:
-        return gov.call("lookup", lookup, next(counter))
-
-    def bare_lookup() -> object:
-        return lookup(next(counter))
-
-    def tenacity_only() -> object:
-        return retrying(tool, next(counter))
-
-    def pybreaker_tenacity() -> object:
-        return retrying(breaker.call, tool, next(counter))
-
+    repeat_arg = twice()
     n, r = args.calls, args.repeats
-    results = {"bare call": per_call_us(bare, n, r), "loop-governor": per_call_us(governed, n, r)}
-    # Inside a task the loop guards compare each result with the last ones: a batch
-    # ("row 7" for 7, "row 8" for 8: alike but for the number asked) is their dearest case.
-    with gov.task("bench"):
-        results["loop-governor (in task)"] = per_call_us(governed, n, r)
-    results["bare call (lookup)"] = per_call_us(bare_lookup, n, r)
-    with gov.task("bench-lookup"):
-        results["loop-governor (in task, lookup)"] = per_call_us(governed_lookup, n, r)
-    results["tenacity"] = per_call_us(tenacity_only, max(n // 4, 1), r)
-    results["pybreaker + tenacity"] = per_call_us(pybreaker_tenacity, max(n // 4, 1), r)
+    peers = max(n // 4, 1)
+    cases: dict[str, Case] = {
+        "bare call": (lambda: tool(next(counter)), n, None),
+        "tenacity": (lambda: retrying(tool, next(counter)), peers, None),
+        "pybreaker + tenacity": (lambda: retrying(breaker.call, tool, next(counter)), peers, None),
+        "loop-governor": (lambda: gov.call("tool", tool, next(counter)), n, None),
+        "in a task: lookups": (lambda: gov.call("lookup", lookup, next(counter)), n, "lookups"),
+        "in a task: batch": (lambda: gov.call("tool", tool, next(counter)), n, "batch"),
+        "in a task: identical repeats": (lambda: gov.call("stock", stock, repeat_arg()), n, "repeats"),
+    }
+    results = per_call_us(gov, cases, r, clock)
+    early, late = task_length(gov, args.tasks, clock)
 
-    gov_us = results["loop-governor"]
-    print(f"{'success path':28s} {'us/call':>9s} {'vs loop-governor':>17s}")
+    tenacity_us, pair_us = results["tenacity"], results["pybreaker + tenacity"]
+    header = f"success path ({args.clock} time, median of {r} rounds)"
+    print(f"{header:48s} {'µs':>7s} {'/ tenacity':>11s} {'/ pybreaker+tenacity':>21s}")
     for name, us in results.items():
-        print(f"{name:28s} {us:9.3f} {us / gov_us:16.1f}x")
-    overhead = gov_us - results["bare call"]
+        print(f"{name:48s} {us:7.3f} {us / tenacity_us:10.2f}x {us / pair_us:20.2f}x")
     print(
-        f"\nloop-governor overhead over a bare call: {overhead:.3f} us "
-        f"(in a task: {results['loop-governor (in task)'] - results['bare call']:.3f} us for a batch, "
-        f"{results['loop-governor (in task, lookup)'] - results['bare call (lookup)']:.3f} us for lookups)"
+        f"\ncall 1-10 of a task: {early:.2f} µs, call 991-1000: {late:.2f} µs "
+        f"(late / early {late / early:.2f}x; median of {args.tasks} tasks of lookups)"
     )
-    print(f"pybreaker + tenacity / loop-governor: {results['pybreaker + tenacity'] / gov_us:.1f}x")
-    print(f"tenacity alone / loop-governor: {results['tenacity'] / gov_us:.1f}x")
+    in_task = max(results[k] for k in results if k.startswith("in a task"))
+    print(
+        f"in a task, the dearest of the three: {in_task:.2f} µs = {in_task / tenacity_us:.2f}x tenacity, "
+        f"{in_task / pair_us:.2f}x pybreaker + tenacity; outside a task "
+        f"{results['loop-governor'] / tenacity_us:.3f}x tenacity ({tenacity_us / results['loop-governor']:.1f}x faster)"
+    )
+
+    if args.corpus:
+        print("\nreplaying recorded runs (every tool call through Governor.call in a task; wall time, µs a call)")
+        print(f"{'corpus':16s} {'calls':>6s} {'p50':>7s} {'p90':>7s} {'fuse p50':>9s} {'fuse p90':>9s}")
+        for name, calls, p50, p90, f50, f90 in corpus_figures(args.corpus):
+            print(f"{name:16s} {calls:6d} {p50:7.1f} {p90:7.1f} {f50:9.1f} {f90:9.1f}")
 
 
 if __name__ == "__main__":

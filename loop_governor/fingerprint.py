@@ -84,14 +84,16 @@ def _bounded(text: str) -> str:
 class Fingerprint:
     """A result as the loop guards compare it (see the module docstring)."""
 
-    __slots__ = ("_full", "_named", "cheap", "size", "text")
+    __slots__ = ("_full", "_named", "cheap", "size", "slack", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         bounded = _bounded(text).encode("utf-8", "surrogatepass")
         stripped = bounded.translate(None, _DIGITS)
         self.cheap = hash(stripped)
-        self.size = len(stripped)
+        self.size = size = len(stripped)
+        # how far another result's size may be from this one's and still normalize equal
+        self.slack = size // 8 if size > 128 else 16
         self._full: str | None = None
         self._named: str | None = None
 
@@ -131,7 +133,7 @@ class Fingerprint:
         timestamps aside), for comparisons made on every call whatever the arguments."""
         if self.cheap == other.cheap:
             return True
-        if not full or abs(self.size - other.size) > max(16, self.size // 8):
+        if not full or abs(self.size - other.size) > self.slack:
             return False  # not the same shape: no normalization can make them equal
         return self.full == other.full
 
@@ -370,7 +372,21 @@ _NAME_CHARS, _NAME_WORDS = 40, 4  # "New York", "Mia Li": a few words name a thi
 
 
 def _name_role(name: str) -> int:
-    """The role an argument's name gives its value (0: the name says nothing)."""
+    """The role an argument's name gives its value (0: the name says nothing). Remembered
+    per name (a tool's argument names are few, and asked on every repeat-shaped call)."""
+    role = _NAME_ROLES.get(name)
+    if role is None:
+        role = _role_of_name(name)
+        if len(_NAME_ROLES) < _NAME_ROLES_KEPT:  # bounded: names in model-made mappings are data
+            _NAME_ROLES[name] = role
+    return role
+
+
+_NAME_ROLES: dict[str, int] = {}
+_NAME_ROLES_KEPT = 4096
+
+
+def _role_of_name(name: str) -> int:
     low = name.lower()
     if low in WALK_KEYS:
         return 0
@@ -387,10 +403,12 @@ def _value_role(value: Any) -> int:
     text is content, as are fractional numbers and flags."""
     if isinstance(value, str):
         text = value.strip()
-        if len(text) <= _BARE_ENTITY_CHARS and not any(c.isspace() for c in text):
-            return ENTITY
-        if len(text) <= _NAME_CHARS and "\n" not in text and len(text.split()) <= _NAME_WORDS:
-            return ENTITY
+        size = len(text)
+        if size <= _BARE_ENTITY_CHARS:
+            # split() and isspace() share one definition of whitespace: one word = none inside
+            words = len(text.split())
+            if words <= 1 or (size <= _NAME_CHARS and "\n" not in text and words <= _NAME_WORDS):
+                return ENTITY
         return CONTENT
     if isinstance(value, bool) or value is None or isinstance(value, float):
         return CONTENT
@@ -452,6 +470,9 @@ def _digest(parts: tuple[tuple[str, str], ...]) -> int:
     return xxhash.xxh3_64_intdigest(repr(parts).encode("utf-8", "surrogatepass"))
 
 
+_NOTHING = _digest(())  # no content: most calls
+
+
 def _leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[int, str, Any]]:
     """Every argument value as ``(role, path, normalized value)``, walking positions left out.
 
@@ -460,18 +481,22 @@ def _leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[int,
     time of asking vary between tries of the same question."""
     leaves: list[tuple[int, str, Any]] = []
     for i, value in enumerate(args):
-        _subject_leaves(value, 0, f"[{i}]", leaves)
+        _subject_leaves(value, 0, _POSITIONS[i] if i < len(_POSITIONS) else f"[{i}]", leaves)
     for name, value in kwargs.items():
         if name.lower() not in WALK_KEYS:
             _subject_leaves(value, _name_role(name), name, leaves)
-    if any(role == NAMED for role, _, _ in leaves):
-        leaves = [
-            (CONTENT, p, v)
-            if role == ENTITY and ((type(v) is int) or (isinstance(v, str) and _TIMESTAMP.match(v)))
-            else (role, p, v)
-            for role, p, v in leaves
-        ]
+    for role, _, _ in leaves:
+        if role == NAMED:
+            return [
+                (CONTENT, p, v)
+                if role == ENTITY and ((type(v) is int) or (isinstance(v, str) and _TIMESTAMP.match(v)))
+                else (role, p, v)
+                for role, p, v in leaves
+            ]
     return leaves
+
+
+_POSITIONS = tuple(f"[{i}]" for i in range(16))
 
 
 def says_only(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
@@ -489,11 +514,27 @@ def args_subject(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int,
     of one question; with other entities, two questions."""
     try:
         leaves = _leaves(args, kwargs)
-        entity = tuple(sorted((p, repr(v)) for role, p, v in leaves if role != CONTENT))
-        content = tuple(sorted((p, repr(v)) for role, p, v in leaves if role == CONTENT))
-        return _digest(entity), _digest(content)
+        entity = sorted([(p, repr(v)) for role, p, v in leaves if role != CONTENT])
+        content = sorted([(p, repr(v)) for role, p, v in leaves if role == CONTENT])
+        return _digest(tuple(entity)), _digest(tuple(content)) if content else _NOTHING
     except Exception:  # an argument whose repr or hash fails: compare it by identity
         return hash((id(args), id(kwargs))), 0
+
+
+def args_entity(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """The first of [`args_subject`][loop_governor.fingerprint.args_subject] alone (what the loop guards compare),
+    without digesting the content: equal to ``args_subject(args, kwargs)[0]`` always."""
+    try:
+        entity = []
+        for role, p, v in _leaves(args, kwargs):
+            if role != CONTENT:
+                entity.append((p, repr(v)))
+            elif type(v) is not str:
+                repr(v)  # as args_subject does: a repr that fails (a huge int) falls back alike
+        entity.sort()
+        return _digest(tuple(entity))
+    except Exception:
+        return hash((id(args), id(kwargs)))
 
 
 def args_job(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:

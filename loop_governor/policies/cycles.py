@@ -60,7 +60,9 @@ class CycleTracker:
         turn are one decision, not a cycle). Arguments are normalized only for the second
         and later calls of a decision."""
         if decision is None or decision != self._decision:
-            self._decision, self._first, self._turn = decision, call, set()
+            self._decision, self._first = decision, call
+            if self._turn:  # (a new empty set only when the last decision had several calls)
+                self._turn = set()
             return False
         turn, first = self._turn, self._first
         if first is not None:
@@ -88,22 +90,26 @@ class CycleTracker:
         self._runs = [0] * (PERIODS[-1] + 1)
         self._period = self._since = 0
 
-    def push(self, call: Call, result: Fingerprint, then: int) -> Verdict:
+    def push(self, call: Call, result: Fingerprint) -> Verdict:
+        """Add ``call``'s step; the verdict on it (``escalation_repeats`` of the call's tool
+        decide how many steps after the warning withdraw it)."""
         history, runs, tool = self._history, self._runs, call.name
         n = len(history)
-        for p in PERIODS:
-            runs[p] = runs[p] + 1 if n >= p and _same_step(history[-p], tool, result, call) else 0
-        history.append((tool, result, call))
-        if n + 1 > _HISTORY:
-            del history[0]
         period = 0
         for p in PERIODS:
-            if runs[p] >= (2 if p == 1 else p):
-                period = p
-                break
+            if n >= p and _same_step(history[-p], tool, result, call):
+                runs[p] += 1
+                if not period and runs[p] >= (2 if p == 1 else p):
+                    period = p  # the shortest period that repeats
+            else:
+                runs[p] = 0
+        history.append((tool, result, call))
+        if n >= _HISTORY:
+            del history[0]
         if not period:
             self._period = self._since = 0
             return OK
+        then = withdraw_at(call.policy.escalation_repeats)
         if not self._period:
             self._period, self._since = period, 0
             return Verdict("warn", "cycle", period, then)
@@ -129,7 +135,7 @@ def _same_step(step: tuple[str, Fingerprint, Call], tool: str, result: Fingerpri
         # the same call answered alike but for ids or quoted values? Only short answers
         # (verdicts, statuses) are normalized in full; long ones differ, as they are
         size = result.size
-        if size > _FULL_LIMIT or abs(size - r.size) > max(16, size // 8):
+        if size > _FULL_LIMIT or abs(size - r.size) > result.slack:
             return False  # (the size test is same_as's own, made before normalizing arguments)
         if call.args_signature != c.args_signature:
             return False
@@ -172,7 +178,7 @@ class Cycles(Policy):
         if result is None or call.policy.poll or call.policy.wait:
             tracker.push_unique(call)  # a poll repeats by design: a step that matches nothing
             return OK
-        return tracker.push(call, result, withdraw_at(call.policy.escalation_repeats))
+        return tracker.push(call, result)
 
     def after_success(self, call: Call, result: Any) -> Any:
         if call.same_decision:

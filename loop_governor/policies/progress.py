@@ -191,7 +191,7 @@ class _Seen:
         critic's score moves, its verdict does not: revisions are compared normalized.
         """
         fp, before = self.fp, prev.fp
-        if fp.cheap != before.cheap and (fp.size > 4096 or abs(fp.size - before.size) > max(16, fp.size // 8)):
+        if fp.cheap != before.cheap and (fp.size > 4096 or abs(fp.size - before.size) > fp.slack):
             return None  # not the same shape: no normalization can make them equal (most calls)
         if self.call is None or prev.call is None:  # no question given: the answers alone
             return _SAME if self.call is None and prev.call is None and fp.same_as(before) else None
@@ -200,7 +200,7 @@ class _Seen:
             return _SAME if fp.text == before.text or fp.same_as(before) else None
         if mine[0] == theirs[0]:  # the same call but for a walking argument (page, offset, cursor)
             return _WALKED if fp.text == before.text else None
-        if self.call.subject[0] == prev.call.subject[0]:
+        if self.call.entity == prev.call.entity:
             if fp.text != before.text and fp.named != before.named:
                 return None
             mine_c = content_values(self.call.args, self.call.kwargs)

@@ -60,7 +60,7 @@ def failure_key(call: Call, error: AgentToolError) -> str:
 
 
 def _about(call: Call, outage: bool) -> str:
-    return call.name if outage else f"{call.name}\x00{call.subject[0]}"
+    return call.name if outage else f"{call.name}\x00{call.entity}"
 
 
 def end_episodes(call: Call) -> None:

@@ -75,3 +75,21 @@ def governed(text: object) -> dict[str, object]:
     fields = read_model_text(str(text))
     assert fields is not None, f"no governed failure in {text!r}"
     return fields
+
+
+class Car:
+    """``start_engine`` needs the brake pressed first (a precondition another tool fixes)."""
+
+    def __init__(self) -> None:
+        self.brake = False
+        self.starts = 0
+
+    def start_engine(self) -> str:
+        self.starts += 1
+        if not self.brake:
+            raise ValueError("Brake pedal must be pressed when starting the engine")
+        return "engine running"
+
+    def press_brake(self) -> str:
+        self.brake = True
+        return "brake pressed"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lg_testing import Backend, HTTPError, VirtualClock
+from lg_testing import Backend, Car, HTTPError, VirtualClock
 
 import loop_governor as lg
 from loop_governor.policies.ladder import offered
@@ -26,23 +26,6 @@ def events_of(gov: lg.Governor, name: str) -> list[dict[str, Any]]:
     gov.subscribe(lambda e: heard.append(e) if e["event"] == name else None)
     return heard
 
-
-class Car:
-    """``start_engine`` needs the brake pressed first (a precondition another tool fixes)."""
-
-    def __init__(self) -> None:
-        self.brake = False
-        self.starts = 0
-
-    def start_engine(self) -> str:
-        self.starts += 1
-        if not self.brake:
-            raise ValueError("Brake pedal must be pressed when starting the engine")
-        return "engine running"
-
-    def press_brake(self) -> str:
-        self.brake = True
-        return "brake pressed"
 
 
 def test_a_precondition_fixed_by_another_tool_makes_the_retry_run(clock: VirtualClock) -> None:

@@ -112,7 +112,10 @@ def _dumps(value: Any, separators: tuple[str, str]) -> str:
 def _scalar_text(value: Any) -> str | None:
     """A scalar's JSON text (``-0.0`` as ``0.0``), or None for anything else."""
     if value is None or isinstance(value, (bool, int, str)):
-        return json.dumps(value)
+        try:
+            return json.dumps(value)
+        except ValueError:  # an int past Python's decimal-conversion limit (4,300 digits): hex has none
+            return json.dumps(f"int:{value:#x}")
     if isinstance(value, float):
         return json.dumps(0.0 if value == 0.0 else float(value))
     return None

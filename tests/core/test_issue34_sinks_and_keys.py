@@ -134,6 +134,7 @@ ODD = {
     "2,000 deep": lambda: _deep(2000),
     "a cycle": _cycle,
     "a set of mixed members": lambda: {1, "a", (2, 3)},
+    "an int of 5,000 digits": lambda: {"n": 10**5000, "beside": [10**4400]},
 }
 
 

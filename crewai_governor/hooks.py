@@ -185,8 +185,8 @@ def _let_repeat_through(context: Any) -> None:
     ladder (told at the 3rd, withdrawn at the 4th, then the stop, with partial results)
     never came first. A governed tool's repeats reach the governor instead: crewAI's
     record of the last tool used (a public ToolsHandler attribute, which only that check
-    reads) is cleared for them. Its cache is off for governed tools for the same reason
-    (`crewai_governor.tools.governor_sees_every_call`)."""
+    reads) is cleared for them. (A crew that opted into crewAI's cache, `Crew(cache=True)`,
+    keeps it: cached answers never reach a tool.)"""
     agent = getattr(context, "agent", None)
     for holder in (
         getattr(agent, "tools_handler", None),

@@ -90,19 +90,6 @@ def cache_unless_failure(_args: Any = None, result: Any = None) -> bool:
     return not isinstance(result, ToolFailure)
 
 
-def governor_sees_every_call(_args: Any = None, _result: Any = None) -> bool:
-    """crewAI ``cache_function`` of a governed tool whose own tool has crewAI's default:
-    cache nothing.
-
-    crewAI's cache (``Crew(cache=True)``, the default) answers an identical call with its
-    first result for the rest of the crew -- after another tool changed what it reads, too
-    -- and the governor never sees those calls: a model repeating one would meet crewAI's
-    own repeated-call stop (the 5th identical call) instead of the governor's ladder, which
-    warns first and ends the run earlier, with the partial results. A tool with a
-    ``cache_function`` of its own keeps it (and failures are never cached)."""
-    return False
-
-
 # crewAI's ReAct path (ToolUsage) runs a raising tool three times, invoking it twice per
 # attempt (with the schema's arguments, then with all of them): five re-runs at most.
 _REACT_RERUNS = 5
@@ -283,7 +270,9 @@ def _say_if_ungoverned(governor: lg.Governor) -> None:
 def _cache_function_for(inner: BaseTool) -> Callable[..., bool]:
     inner_cache = inner.cache_function
     if getattr(inner_cache, "__name__", "") == "_default_cache_function":
-        return governor_sees_every_call
+        # crewAI caches only where the crew opted in (Crew(cache=True)): that choice is the
+        # user's, so successes stay cacheable (the governor sees only the calls crewAI runs)
+        return cache_unless_failure
 
     def cache_unless_failure_then_inner(args: Any = None, result: Any = None) -> bool:
         return cache_unless_failure(args, result) and bool(inner_cache(args, result))

@@ -245,7 +245,7 @@ class RedisStore:
         self._run_id: str | None = None
         self._had_replicas = False
         self._redis: Any = None
-        self._deferred = DeferredReplies()  # the successes' replies, read with the next admission
+        self._deferred = DeferredReplies(monotonic)  # the successes' replies, read with the next admission
         if client is not None:
             encoder = client.get_encoder()
             if not getattr(encoder, "decode_responses", False):

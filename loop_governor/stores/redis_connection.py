@@ -3,7 +3,9 @@ server cannot hold the fleet's state (a configuration error, not an outage)."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -150,6 +152,8 @@ class _Held(threading.local):
     pool: Any = None
     lease: _Lease | None = None
     epoch = 0
+    pid = 0  # the process that took the connection: a fork's child must not read its replies
+    since = 0.0  # monotonic time the first unread reply was sent
 
     def __init__(self) -> None:
         self.pending: list[Callable[[], object]] = []
@@ -188,9 +192,10 @@ class DeferredReplies:
 
     _LIMIT = 64  # unread replies per thread at most (successes recorded without admissions)
 
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._held = _Held()
         self._epoch = 0
+        self._monotonic = monotonic  # the store's: how long a connection has been held
 
     def forget(self) -> None:
         self._epoch += 1
@@ -202,13 +207,20 @@ class DeferredReplies:
     def send(self, pool: Any, resend: Callable[[], object], *command: Any) -> None:
         """Write ``command`` now; read its reply later (``resend()`` runs it again through
         the client if that reply is NOSCRIPT or MOVED/ASK)."""
+        if isinstance(pool, redis.BlockingConnectionPool):
+            # a bounded pool sized to the threads: a connection held until the thread's next
+            # call could starve another thread, so the reply is read now (two round trips)
+            self._now(pool, resend, command)
+            return
         held = self._held
+        self._settle()
         if held.conn is not None and (held.pool is not pool or len(held.pending) >= self._LIMIT):
             self.drain()
         conn = held.conn
         if conn is None:
             conn = pool.get_connection()
             held.conn, held.pool, held.epoch, held.lease = conn, pool, self._epoch, _Lease(conn, pool)
+            held.pid, held.since = os.getpid(), self._monotonic()
         try:
             # no health-check PING (a client's health_check_interval) while replies are unread:
             # its read would take one of them
@@ -222,6 +234,7 @@ class DeferredReplies:
         """Send ``command`` and return its reply, reading every unread reply before it on
         the same connection: one round trip for all of them."""
         held = self._held
+        self._settle()
         if held.conn is not None and held.pool is not pool:
             self.drain()
         if held.conn is None:
@@ -242,9 +255,47 @@ class DeferredReplies:
 
     def drain(self) -> None:
         """Read the unread replies (before any other command: read-your-writes)."""
+        self._settle()
         if self._held.conn is not None:
             for resend in self._read_pending(None):
                 resend()
+
+    _IDLE_S = 0.5  # a connection held longer is read out and given back before its next use
+
+    def _settle(self) -> None:
+        """Before a held connection is used again: in a forked child, forget it without
+        touching the socket (the parent owns its replies); after an idle spell, read its
+        replies (long arrived: no wait) and give it back, so the pool's own checks (a
+        socket the server closed for idling, a health check) apply to the next command."""
+        held = self._held
+        if held.conn is None:
+            return
+        if held.pid != os.getpid():
+            if held.lease is not None:
+                held.lease.conn = None  # not ours to disconnect or release
+            held.conn, held.pool, held.pending, held.lease = None, None, [], None
+            return
+        if self._monotonic() - held.since > self._IDLE_S:
+            for resend in self._read_pending(None):
+                resend()
+
+    def _now(self, pool: Any, resend: Callable[[], object], command: tuple[Any, ...]) -> None:
+        """Send ``command`` and read its reply at once (resending it if it asks for that)."""
+        self.drain()
+        conn = pool.get_connection()
+        try:
+            conn.send_command(*command)
+            conn.read_response()
+        except _RESEND:
+            pool.release(conn)
+            conn = None
+            resend()
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            if conn is not None:
+                pool.release(conn)
 
     def _read_pending(self, command: tuple[Any, ...] | None) -> list[Any]:
         """Send ``command`` (if any), read the pending replies and then its own; give the
@@ -259,6 +310,7 @@ class DeferredReplies:
             return [self.request(pool, *command)]
         out: list[Any] = []
         failure: BaseException | None = None
+        own: BaseException | None = None
         try:
             if command is not None:
                 conn.send_command(*command, check_health=not pending)
@@ -270,12 +322,19 @@ class DeferredReplies:
                 except redis.ResponseError as exc:  # an error reply: read on, then raise it
                     failure = failure or exc
             if command is not None:
-                out.append(conn.read_response())
+                try:
+                    out.append(conn.read_response())
+                except _RESEND as exc:  # the caller resends its own; the pending ones are ours
+                    own = exc
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
+        if own is not None:
+            for resend in out:
+                resend()
+            raise own
         if failure is not None:
             raise failure
         return out

@@ -268,7 +268,7 @@ def test_a_governed_success_costs_one_round_trip(redis_server: Any, namespace: s
 
     from fleet.socket_count import counting
 
-    store = _virtual(redis_server.url, namespace=namespace)
+    store = _virtual(redis_server.url, namespace=namespace, monotonic=lambda: 5.0)  # never idle
     gov = lg.Governor(lg.GovernorConfig(), store=store, clock=FakeClock(5.0))
     with gov.task("task-1") if in_task else nullcontext():
         gov.call("warmup", lambda: None)  # first use of a connection: handshake + script load
@@ -290,6 +290,99 @@ def test_a_governed_success_costs_one_round_trip(redis_server: Any, namespace: s
         with counting() as sent:
             assert store.rate_acquire_all(buckets, 5.0) == 0.0
         assert (sent.round_trips, sent.replies) == (1, 2)  # a request and a token limit, and the last success
+
+
+def test_a_held_connection_the_server_closed_while_idle_is_no_outage(own_redis_server: Any, namespace: str) -> None:
+    """A success's reply is read with the next call's; if the agent thought for a while and
+    the server closed the idle connection meanwhile (its ``timeout``), the next call still
+    reaches Redis: the held connection is read out and given back, and the pool reconnects."""
+    mono = FakeClock(0.0)
+    store = RedisStore(own_redis_server.url, namespace=namespace, monotonic=mono)
+    policy = BreakerPolicy(3, 60)
+    store.breaker_admit("search", mono, policy)
+    store.breaker_record("search", True, False, 0.0, policy)
+    assert store._deferred.holding
+    own_redis_server.client().client_kill_filter(_type="normal", skipme=True)  # as `timeout` does
+    mono.now += 30.0  # the model's turn
+    admission, _ = store.breaker_admit("search", mono, policy)
+    assert admission.allowed and store.fallbacks == 0 and not store.degraded
+
+
+def test_a_success_whose_reply_asks_for_a_resend_is_resent_with_the_next_calls(
+    redis_server: Any, namespace: str
+) -> None:
+    """Scripts flushed while a tool runs (a restart behind a proxy, a failover): the
+    success's NOSCRIPT reply is read with the next rate-limit request, itself NOSCRIPT; the
+    success is still applied, so the breaker's consecutive failures start over."""
+    store = _virtual(redis_server.url, namespace=namespace, monotonic=lambda: 1.0)
+    policy = BreakerPolicy(3, 60)
+    for _ in range(2):
+        store.breaker_admit("t", FakeClock(1.0), policy)
+        store.breaker_record("t", False, False, 1.0, policy)
+    store.rate_acquire("t", 100.0, 10.0, 1.0)
+    store.breaker_admit("t", FakeClock(1.0), policy)
+    redis_server.client().script_flush()
+    store.breaker_record("t", True, False, 1.0, policy)  # sent; its reply (NOSCRIPT) unread
+    store.rate_acquire("t", 100.0, 10.0, 1.0)  # reads it, and is NOSCRIPT itself
+    assert store.breaker_get("t").failures == 0
+    store.breaker_admit("t", FakeClock(1.0), policy)
+    store.breaker_record("t", False, False, 1.0, policy)
+    assert store.breaker_get("t").state is BreakerState.CLOSED
+
+
+def test_a_bounded_pool_of_the_users_is_never_pinned_by_idle_threads(redis_server: Any, namespace: str) -> None:
+    """``client=`` with a BlockingConnectionPool sized to the workers: a success's reply is
+    read at once there, so a worker idle after its call holds no connection another needs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import redis
+
+    host, port = redis_server.url.removeprefix("redis://").split("/")[0].split(":")
+    pool = redis.BlockingConnectionPool(
+        host=host, port=int(port), max_connections=2, timeout=5.0, decode_responses=True
+    )
+    store = _virtual(redis_server.url, namespace=namespace, client=redis.Redis(connection_pool=pool))
+    policy = BreakerPolicy(3, 60)
+    workers = threading.Barrier(2)
+
+    def work(_: int) -> None:
+        workers.wait()
+        store.breaker_admit("t", FakeClock(1.0), policy)
+        store.breaker_record("t", True, False, 1.0, policy)
+
+    with ThreadPoolExecutor(2) as pool_of_workers:
+        list(pool_of_workers.map(work, range(2)))
+        idle = list(pool.pool.queue)
+        assert sum(c is not None for c in pool._connections) == sum(c is not None for c in idle)  # none held
+        store.breaker_admit("t", FakeClock(1.0), policy)  # a third caller
+    assert store.fallbacks == 0
+
+
+def test_a_forked_child_never_reads_its_parents_unread_replies(redis_server: Any, namespace: str) -> None:
+    """gunicorn --preload, multiprocessing's fork: a process forked while its thread holds
+    a connection with an unread reply; the child uses a connection of its own."""
+    import os
+
+    store = _virtual(redis_server.url, namespace=namespace, monotonic=lambda: 1.0)
+    policy = BreakerPolicy(1, 3600)
+    store.breaker_admit("down", FakeClock(1.0), policy)
+    store.breaker_record("down", False, False, 1.0, policy)  # open in Redis
+    store.breaker_admit("up", FakeClock(1.0), policy)
+    store.breaker_record("up", True, False, 1.0, policy)  # held, its reply unread
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            admission, _ = store.breaker_admit("down", FakeClock(1.0), policy)
+            os.write(write, f"{admission.allowed} {store.fallbacks}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 100).decode()
+    os.waitpid(pid, 0)
+    admission, _ = store.breaker_admit("up", FakeClock(1.0), policy)
+    assert child == "False 0"  # the child saw the open breaker, through Redis
+    assert admission.allowed and store.fallbacks == 0  # the parent's stream stayed in step
 
 
 def test_a_success_another_call_completed_before_a_failure_does_not_reset_it(redis_server: Any, namespace: str) -> None:

@@ -93,8 +93,11 @@ class GovernorCapability(AbstractCapability[Any]):
 
     async def wrap_run(self, ctx: RunContext[Any], *, handler: Any) -> Any:
         governor = self._governor
-        if governor.current_task() is not None:
+        open_task = governor.current_task()
+        if open_task is not None and open_task.rt is governor.rt:
             return await handler()  # the caller's task (or an outer agent's) spans this run
+        # (an open task of another governor -- an agent run from an agent governed by another
+        # -- is not this governor's: its budgets and report are its own)
         name = readable_name(ctx.prompt) if isinstance(ctx.prompt, str) and ctx.prompt.strip() else None
         async with governor.task(ctx.run_id or uuid.uuid4().hex, name=name):
             return await handler()

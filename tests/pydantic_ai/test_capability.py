@@ -289,6 +289,19 @@ def test_a_run_inside_an_open_task_runs_in_it(governor: lg.Governor, events: lis
     assert [e["task_id"] for e in events if e["event"] == "task_end"] == ["ticket-7"]
 
 
+def test_a_run_inside_another_governors_task_gets_a_task_of_its_own(
+    governor: lg.Governor, events: list[dict[str, Any]]
+) -> None:
+    other = lg.Governor()
+    theirs: list[dict[str, Any]] = []
+    other.subscribe(theirs.append)
+    agent = Agent(TestModel(), capabilities=[GovernorCapability(governor)])
+    with other.task("outer"):
+        agent.run_sync("one")
+    assert [e["event"] for e in events if e["event"] in ("task_start", "task_end")] == ["task_start", "task_end"]
+    assert not any(e["event"] == "model_call" for e in theirs)  # counted in this governor's task only
+
+
 def test_test_models_every_tool_is_governed(governor: lg.Governor, events: list[dict[str, Any]]) -> None:
     def search(query: str) -> str:
         """Search."""

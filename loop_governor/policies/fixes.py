@@ -40,13 +40,26 @@ _READING_VERBS = frozenset(
         "inspect", "browse", "peek", "retrieve", "summarize", "summarise", "explain",
     }
 )  # fmt: skip
-_FIRST_WORD = re.compile(r"[A-Za-z][a-z0-9]*")
+# a later word of the name that says the tool writes after all: ``search_replace``,
+# ``find_and_replace``, ``get_or_create_user``
+_WRITING_VERBS = frozenset(
+    {
+        "replace", "update", "create", "set", "write", "delete", "remove", "apply", "save", "add",
+        "insert", "put", "post", "edit", "patch", "move", "rename", "install", "submit", "cancel",
+        "reset", "modify", "change", "upsert", "commit", "push", "upload", "toggle", "enable",
+        "disable", "grant", "revoke", "assign", "register", "transfer", "execute", "exec", "run",
+    }
+)  # fmt: skip
+_WORD = re.compile(r"[A-Za-z][a-z0-9]*")
+# free text under these names is code or a statement to run, not something said
+_CODE_ARGS = frozenset({"code", "sql", "script", "statement", "source", "patch", "diff"})
 
 
 def reads_by_name(tool: str) -> bool:
-    """Whether a tool's name says it only reads (or thinks): its first word is such a verb."""
-    match = _FIRST_WORD.search(tool)
-    return match is not None and match.group().lower() in _READING_VERBS
+    """Whether a tool's name says it only reads (or thinks): its first word is such a verb
+    and no later word says it writes."""
+    words = [w.lower() for w in _WORD.findall(tool)]
+    return bool(words) and words[0] in _READING_VERBS and not _WRITING_VERBS.intersection(words[1:])
 
 
 def did_something(call: Call) -> bool:
@@ -57,7 +70,10 @@ def did_something(call: Call) -> bool:
     if known is None:
         try:
             command = command_of(call.args, call.kwargs)
-            known = not reads_only(command) if command is not None else not says_only(call.args, call.kwargs)
+            if command is not None:
+                known = not reads_only(command)
+            else:
+                known = bool(_CODE_ARGS.intersection(call.kwargs or ())) or not says_only(call.args, call.kwargs)
         except Exception:  # arguments that cannot be read: assume they did something
             known = True
         call.fixed = known

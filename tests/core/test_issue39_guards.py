@@ -312,3 +312,25 @@ def test_a_shell_agent_editing_between_identical_failing_runs_is_iterating(clock
             except lg.AgentToolError:
                 pass
             gov.call("bash", bash, command=f"echo 'retrying {attempt}'")
+
+
+@pytest.mark.parametrize(
+    ("tool", "kwargs", "fixes"),
+    [
+        ("search_replace", {"path": "app/config.py", "search": "DEBUG = False", "replace": "DEBUG = True"}, True),
+        ("find_and_replace", {"file": "settings.toml", "old": "port = 80", "new": "port = 8080"}, True),
+        ("get_or_create_user", {"email": "mia@example.com"}, True),
+        ("run_python", {"code": "open('config.json', 'w').write('{}')"}, True),
+        ("edit_file", {"path": "app/config.py", "old": "a", "new": "b"}, True),
+        ("think", {"thought": "let me try again"}, False),
+        ("search_kb", {"query": "refunds 2019"}, False),
+        ("get_order", {"order_id": "A-1042"}, False),
+    ],
+)
+def test_what_counts_as_a_fix_reads_the_whole_tool_name(tool: str, kwargs: dict[str, Any], fixes: bool) -> None:
+    """A tool named for reading that writes after all (``search_replace``) may have fixed
+    something, as may code to run; a think, a search or a lookup did not."""
+    from loop_governor.call import TOOL, Call
+    from loop_governor.policies.fixes import did_something
+
+    assert did_something(Call(TOOL, tool, None, None, lambda: None, (), kwargs)) is fixes

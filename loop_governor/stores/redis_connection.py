@@ -271,9 +271,7 @@ class DeferredReplies:
         if held.conn is None:
             return
         if held.pid != os.getpid():
-            if held.lease is not None:
-                held.lease.conn = None  # not ours to disconnect or release
-            held.conn, held.pool, held.pending, held.lease = None, None, [], None
+            held.take()  # the parent's: neither read, disconnected nor released here
             return
         if self._monotonic() - held.since > self._IDLE_S:
             for resend in self._read_pending(None):
@@ -282,20 +280,10 @@ class DeferredReplies:
     def _now(self, pool: Any, resend: Callable[[], object], command: tuple[Any, ...]) -> None:
         """Send ``command`` and read its reply at once (resending it if it asks for that)."""
         self.drain()
-        conn = pool.get_connection()
         try:
-            conn.send_command(*command)
-            conn.read_response()
+            self.request(pool, *command)
         except _RESEND:
-            pool.release(conn)
-            conn = None
             resend()
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            if conn is not None:
-                pool.release(conn)
 
     def _read_pending(self, command: tuple[Any, ...] | None) -> list[Any]:
         """Send ``command`` (if any), read the pending replies and then its own; give the
